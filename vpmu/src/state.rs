@@ -67,3 +67,14 @@ pub struct EventInfo {
     /// Load latency in core cycles for memory events (deterministic model).
     pub latency: u64,
 }
+
+/// One last-branch record (LBR stack entry or the adaptive PEBS LBR group).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LbrEntry {
+    /// Branch source linear address (MSR_LASTBRANCH_x_FROM_IP payload).
+    pub from: u64,
+    /// Branch target linear address.
+    pub to: u64,
+    /// MSR_LBR_INFO_x payload (mispredict, cycle count) where the format has it.
+    pub info: u64,
+}
