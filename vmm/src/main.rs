@@ -1,1 +1,67 @@
-fn main(){}
+//! `vmm`: a KVM-based VMM whose virtual PMU lives in user space and writes Intel PEBS records in
+//! software. See README.md.
+
+mod boot;
+mod cli;
+mod cpuid;
+mod devices;
+mod exits;
+
+mod msr_filter;
+mod pmi;
+mod pmu;
+mod vcpu;
+mod vm;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+use crate::exits::StopReason;
+use crate::vm::RunEnd;
+
+fn main() {
+    let cli = Cli::parse();
+    let Command::Run(args) = cli.command;
+    if let Err(e) = args.validate() {
+        eprintln!("vmm: {e}");
+        std::process::exit(1);
+    }
+    match vm::run(&args) {
+        Ok(end) => {
+            report(&end);
+            std::process::exit(vm::exit_status(&end));
+        }
+        Err(e) => {
+            eprintln!("vmm: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn report(end: &RunEnd) {
+    match end {
+        RunEnd::Stopped(s) => match &s.reason {
+            StopReason::GuestExit(_) if !s.pmu_summary.is_empty() => {
+                eprintln!("vmm: vCPU {} PMU: {}", s.index, s.pmu_summary);
+            }
+            StopReason::GuestExit(_) => {}
+            r => {
+                let what = match r {
+                    StopReason::TripleFault => "triple fault (KVM_EXIT_SHUTDOWN)".to_string(),
+                    StopReason::InternalError => {
+                        "KVM internal error (the host could not emulate an instruction)".to_string()
+                    }
+                    StopReason::FailEntry(code) => format!("VM entry failed, reason {code:#x}"),
+                    StopReason::SystemEvent(t) => format!("system event type {t}"),
+                    StopReason::Unhandled(m) => m.clone(),
+                    StopReason::GuestExit(_) => unreachable!(),
+                };
+                eprintln!("vmm: vCPU {} stopped: {what}\n{}", s.index, s.registers);
+            }
+        },
+        RunEnd::TimedOut(secs) => {
+            eprintln!("vmm: guest did not exit within --timeout {secs} s; stopped it")
+        }
+        RunEnd::Interrupted => eprintln!("vmm: interrupted; guest stopped"),
+    }
+}

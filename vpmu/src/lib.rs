@@ -11,3 +11,15 @@ pub mod mem;
 pub mod model;
 pub mod msr;
 pub mod state;
+
+pub mod ds;
+pub mod paging;
+pub mod pebs;
+
+pub mod backend;
+pub mod counter;
+pub mod cpuid;
+pub mod netburst;
+pub mod pmu;
+
+pub use pmu::{MsrError, OverflowOutcome, Vpmu, trapped_msrs};

@@ -45,7 +45,9 @@ pub struct VecMemory {
 impl VecMemory {
     /// `size` bytes of zeroed RAM.
     pub fn new(size: usize) -> Self {
-        Self { bytes: vec![0; size] }
+        Self {
+            bytes: vec![0; size],
+        }
     }
 
     fn range(&self, gpa: u64, len: usize) -> Result<std::ops::Range<usize>, MemError> {

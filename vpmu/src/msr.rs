@@ -200,3 +200,210 @@ pub const PEBS_DATACFG_LBR_SHIFT: u32 = 24;
 pub const NETBURST_PEBS_ENABLE_BIT: u64 = 1 << 24;
 /// UOP_TAG (bit 25).
 pub const NETBURST_PEBS_UOP_TAG: u64 = 1 << 25;
+
+// ---- Limits and field masks used by the PMU state machine (h1) ----
+/// Most GP counters any model may have (IA32_PMC0-7, IA32_PERFEVTSEL0-7).
+pub const MAX_GP_COUNTERS: u8 = 8;
+/// Most fixed counters any model may have (IA32_FIXED_CTR0-3).
+pub const MAX_FIXED_COUNTERS: u8 = 4;
+/// Bits of one IA32_FIXED_CTR_CTRL field (EN OS, EN USR, ANY, PMI).
+pub const FIXED_CTRL_FIELD_BITS: u32 = 4;
+/// Mask of one IA32_FIXED_CTR_CTRL field's enable bits (OS | USR).
+pub const FIXED_CTRL_EN_MASK: u64 = FIXED_CTRL_OS | FIXED_CTRL_USR;
+/// Unit mask field width mask (after shifting).
+pub const EVTSEL_UMASK_MASK: u64 = 0xFF;
+/// CMASK field width mask (after shifting).
+pub const EVTSEL_CMASK_MASK: u64 = 0xFF;
+/// IA32_MISC_ENABLE bit 0: fast-strings enable (set at reset on every model we present).
+pub const MISC_ENABLE_FAST_STRING: u64 = 1 << 0;
+/// MSR_LBR_SELECT bits 8:0 (CPL and branch-type filters, Nehalem and later).
+pub const LBR_SELECT_FILTER_MASK: u64 = 0x1FF;
+/// MSR_LBR_SELECT bit 9: EN_CALLSTACK (Haswell and later, LBR format >= 4).
+pub const LBR_SELECT_EN_CALLSTACK: u64 = 1 << 9;
+/// MSR_PEBS_LD_LAT_THRESHOLD: 16-bit threshold.
+pub const PEBS_LD_LAT_MASK: u64 = 0xFFFF;
+/// MSR_PEBS_FRONTEND writable bits (Linux's FE extra-reg mask 0x7fff17: event select [2:0],
+/// bit 4, IDQ bubble length [19:8], bubble width [22:20]).
+pub const PEBS_FRONTEND_MASK: u64 = 0x7F_FF17;
+/// MSR_PEBS_DATA_CFG "LBR entries - 1" field width mask (after shifting).
+pub const PEBS_DATACFG_LBR_MASK: u64 = 0xFF;
+/// IA32_PEBS_ENABLE: first load-latency enable bit (PEBS_LD_LAT for PMC n at bit 32+n,
+/// Nehalem to Skylake, PMC0-3 only).
+pub const PEBS_ENABLE_LD_LAT_SHIFT: u32 = 32;
+/// Number of PMCs with a load-latency enable bit in IA32_PEBS_ENABLE.
+pub const PEBS_ENABLE_LD_LAT_COUNTERS: u8 = 4;
+/// RDPMC ECX bit 30: read a fixed-function counter.
+pub const RDPMC_FIXED: u32 = 1 << 30;
+/// RDPMC ECX bit 31: fast read (low 32 bits), NetBurst only.
+pub const RDPMC_FAST: u32 = 1 << 31;
+/// Width of linear addresses for the IA32_DS_AREA canonical check (4-level paging).
+pub const CANONICAL_ADDRESS_BITS: u32 = 48;
+
+// ---- NetBurst counters, CCCRs, ESCRs (SDM 18.15, vol. 4 table 2-43) ----
+/// NetBurst counters are 40 bits wide.
+pub const NETBURST_COUNTER_WIDTH: u8 = 40;
+/// Index of MSR_IQ_COUNTER4 among the 18 counters.
+pub const NETBURST_IQ_COUNTER4_INDEX: u8 = 16;
+/// CCCR bit 12: enable.
+pub const CCCR_ENABLE: u64 = 1 << 12;
+/// CCCR bits 15:13: ESCR select.
+pub const CCCR_ESCR_SELECT_SHIFT: u32 = 13;
+/// CCCR ESCR select field mask (after shifting).
+pub const CCCR_ESCR_SELECT_MASK: u64 = 0x7;
+/// CCCR bits 17:16: active thread.
+pub const CCCR_ACTIVE_THREAD_SHIFT: u32 = 16;
+/// CCCR bit 18: compare (threshold filtering).
+pub const CCCR_COMPARE: u64 = 1 << 18;
+/// CCCR bit 19: complement.
+pub const CCCR_COMPLEMENT: u64 = 1 << 19;
+/// CCCR bits 23:20: threshold.
+pub const CCCR_THRESHOLD_SHIFT: u32 = 20;
+/// CCCR threshold field mask (after shifting).
+pub const CCCR_THRESHOLD_MASK: u64 = 0xF;
+/// CCCR bit 24: edge.
+pub const CCCR_EDGE: u64 = 1 << 24;
+/// CCCR bit 25: FORCE_OVF.
+pub const CCCR_FORCE_OVF: u64 = 1 << 25;
+/// CCCR bit 26: OVF_PMI_T0 (PMI to logical processor 0 on overflow).
+pub const CCCR_OVF_PMI_T0: u64 = 1 << 26;
+/// CCCR bit 27: OVF_PMI_T1.
+pub const CCCR_OVF_PMI_T1: u64 = 1 << 27;
+/// CCCR bit 30: cascade.
+pub const CCCR_CASCADE: u64 = 1 << 30;
+/// CCCR bit 31: OVF (sticky overflow flag).
+pub const CCCR_OVF: u64 = 1 << 31;
+/// CCCR writable bits: 12-27, 30, 31 (0-11 and 28-29 reserved, upper half reserved).
+pub const CCCR_WRITABLE: u64 = 0xCFFF_F000;
+/// ESCR bit 0: T1_USR.
+pub const ESCR_T1_USR: u64 = 1 << 0;
+/// ESCR bit 1: T1_OS.
+pub const ESCR_T1_OS: u64 = 1 << 1;
+/// ESCR bit 2: T0_USR (USR on non-HT processors).
+pub const ESCR_T0_USR: u64 = 1 << 2;
+/// ESCR bit 3: T0_OS.
+pub const ESCR_T0_OS: u64 = 1 << 3;
+/// ESCR bits 24:9: event mask.
+pub const ESCR_EVENT_MASK_SHIFT: u32 = 9;
+/// ESCR event-mask field mask (after shifting).
+pub const ESCR_EVENT_MASK_MASK: u64 = 0xFFFF;
+/// ESCR bits 30:25: event select.
+pub const ESCR_EVENT_SELECT_SHIFT: u32 = 25;
+/// ESCR event-select field mask (after shifting).
+pub const ESCR_EVENT_SELECT_MASK: u64 = 0x3F;
+/// ESCR writable bits 30:0 (bit 31 and the upper half reserved).
+pub const ESCR_WRITABLE: u64 = 0x7FFF_FFFF;
+/// MSR_PEBS_ENABLE (NetBurst) bits 16:0: replay-tagging metric bits (Linux's p4 PEBS bind map
+/// writes up to 0x18000).
+pub const NETBURST_PEBS_METRIC_MASK: u64 = 0x1_FFFF;
+/// MSR_PEBS_MATRIX_VERT writable bits 4:0 (Linux writes 0x1, 0x2, 0x3, 0x10).
+pub const NETBURST_MATRIX_VERT_MASK: u64 = 0x1F;
+/// NetBurst MSR_DEBUGCTLA (0x1D9) bit 0: LBR.
+pub const NETBURST_DEBUGCTLA_LBR: u64 = 1 << 0;
+/// MSR_DEBUGCTLA bit 1: BTF.
+pub const NETBURST_DEBUGCTLA_BTF: u64 = 1 << 1;
+/// MSR_DEBUGCTLA bit 2: TR.
+pub const NETBURST_DEBUGCTLA_TR: u64 = 1 << 2;
+/// MSR_DEBUGCTLA bit 3: BTS.
+pub const NETBURST_DEBUGCTLA_BTS: u64 = 1 << 3;
+/// MSR_DEBUGCTLA bit 4: BTINT.
+pub const NETBURST_DEBUGCTLA_BTINT: u64 = 1 << 4;
+/// MSR_DEBUGCTLA bit 5: BTS_OFF_OS.
+pub const NETBURST_DEBUGCTLA_BTS_OFF_OS: u64 = 1 << 5;
+/// MSR_DEBUGCTLA bit 6: BTS_OFF_USR.
+pub const NETBURST_DEBUGCTLA_BTS_OFF_USR: u64 = 1 << 6;
+/// MSR_BSU_ESCR0.
+pub const MSR_BSU_ESCR0: u32 = 0x3A0;
+/// MSR_BSU_ESCR1.
+pub const MSR_BSU_ESCR1: u32 = 0x3A1;
+/// MSR_FSB_ESCR0.
+pub const MSR_FSB_ESCR0: u32 = 0x3A2;
+/// MSR_FSB_ESCR1.
+pub const MSR_FSB_ESCR1: u32 = 0x3A3;
+/// MSR_FIRM_ESCR0.
+pub const MSR_FIRM_ESCR0: u32 = 0x3A4;
+/// MSR_FIRM_ESCR1.
+pub const MSR_FIRM_ESCR1: u32 = 0x3A5;
+/// MSR_FLAME_ESCR0.
+pub const MSR_FLAME_ESCR0: u32 = 0x3A6;
+/// MSR_FLAME_ESCR1.
+pub const MSR_FLAME_ESCR1: u32 = 0x3A7;
+/// MSR_DAC_ESCR0.
+pub const MSR_DAC_ESCR0: u32 = 0x3A8;
+/// MSR_DAC_ESCR1.
+pub const MSR_DAC_ESCR1: u32 = 0x3A9;
+/// MSR_MOB_ESCR0.
+pub const MSR_MOB_ESCR0: u32 = 0x3AA;
+/// MSR_MOB_ESCR1.
+pub const MSR_MOB_ESCR1: u32 = 0x3AB;
+/// MSR_PMH_ESCR0.
+pub const MSR_PMH_ESCR0: u32 = 0x3AC;
+/// MSR_PMH_ESCR1.
+pub const MSR_PMH_ESCR1: u32 = 0x3AD;
+/// MSR_SAAT_ESCR0.
+pub const MSR_SAAT_ESCR0: u32 = 0x3AE;
+/// MSR_SAAT_ESCR1.
+pub const MSR_SAAT_ESCR1: u32 = 0x3AF;
+/// MSR_U2L_ESCR0.
+pub const MSR_U2L_ESCR0: u32 = 0x3B0;
+/// MSR_U2L_ESCR1.
+pub const MSR_U2L_ESCR1: u32 = 0x3B1;
+/// MSR_BPU_ESCR0.
+pub const MSR_BPU_ESCR0: u32 = 0x3B2;
+/// MSR_BPU_ESCR1.
+pub const MSR_BPU_ESCR1: u32 = 0x3B3;
+/// MSR_IS_ESCR0.
+pub const MSR_IS_ESCR0: u32 = 0x3B4;
+/// MSR_IS_ESCR1.
+pub const MSR_IS_ESCR1: u32 = 0x3B5;
+/// MSR_ITLB_ESCR0.
+pub const MSR_ITLB_ESCR0: u32 = 0x3B6;
+/// MSR_ITLB_ESCR1.
+pub const MSR_ITLB_ESCR1: u32 = 0x3B7;
+/// MSR_CRU_ESCR0.
+pub const MSR_CRU_ESCR0: u32 = 0x3B8;
+/// MSR_CRU_ESCR1.
+pub const MSR_CRU_ESCR1: u32 = 0x3B9;
+/// MSR_IQ_ESCR0 (CPUID family 0FH models 1 and 2 only).
+pub const MSR_IQ_ESCR0: u32 = 0x3BA;
+/// MSR_IQ_ESCR1 (CPUID family 0FH models 1 and 2 only).
+pub const MSR_IQ_ESCR1: u32 = 0x3BB;
+/// MSR_RAT_ESCR0.
+pub const MSR_RAT_ESCR0: u32 = 0x3BC;
+/// MSR_RAT_ESCR1.
+pub const MSR_RAT_ESCR1: u32 = 0x3BD;
+/// MSR_SSU_ESCR0.
+pub const MSR_SSU_ESCR0: u32 = 0x3BE;
+/// MSR_MS_ESCR0.
+pub const MSR_MS_ESCR0: u32 = 0x3C0;
+/// MSR_MS_ESCR1.
+pub const MSR_MS_ESCR1: u32 = 0x3C1;
+/// MSR_TBPU_ESCR0.
+pub const MSR_TBPU_ESCR0: u32 = 0x3C2;
+/// MSR_TBPU_ESCR1.
+pub const MSR_TBPU_ESCR1: u32 = 0x3C3;
+/// MSR_TC_ESCR0.
+pub const MSR_TC_ESCR0: u32 = 0x3C4;
+/// MSR_TC_ESCR1.
+pub const MSR_TC_ESCR1: u32 = 0x3C5;
+/// MSR_IX_ESCR0.
+pub const MSR_IX_ESCR0: u32 = 0x3C8;
+/// MSR_IX_ESCR1.
+pub const MSR_IX_ESCR1: u32 = 0x3C9;
+/// MSR_ALF_ESCR0.
+pub const MSR_ALF_ESCR0: u32 = 0x3CA;
+/// MSR_ALF_ESCR1.
+pub const MSR_ALF_ESCR1: u32 = 0x3CB;
+/// MSR_CRU_ESCR2.
+pub const MSR_CRU_ESCR2: u32 = 0x3CC;
+/// MSR_CRU_ESCR3.
+pub const MSR_CRU_ESCR3: u32 = 0x3CD;
+/// MSR_CRU_ESCR4.
+pub const MSR_CRU_ESCR4: u32 = 0x3E0;
+/// MSR_CRU_ESCR5.
+pub const MSR_CRU_ESCR5: u32 = 0x3E1;
+
+// ---- Non-PMU architectural MSRs the guest tests use ----
+/// IA32_APIC_BASE (SDM vol. 3A 11.4.4): bit 8 BSP, bit 11 global enable, bits 12+ base.
+pub const IA32_APIC_BASE: u32 = 0x1B;
+/// IA32_PERF_GLOBAL_INUSE bit 63: PMI in use (any EVTSEL.INT, fixed PMI or PEBS enable).
+pub const GLOBAL_INUSE_PMI: u64 = 1 << 63;

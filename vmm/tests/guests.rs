@@ -1,0 +1,314 @@
+//! Boots every guest program of `guest-tests/` through the `vmm` binary and checks its verdict.
+//!
+//! The guest crate is built once per test process (`cargo build --release --target
+//! x86_64-unknown-none`, its own target dir `guest-tests/target`); `mbtest` is then converted to
+//! ELF32 with `objcopy -O elf32-i386` (as kvm-unit-tests does for its `.flat` images), giving
+//! `mbtest.elf32` next to it. Each guest runs as a separate `vmm run` process. A guest passes when
+//! the vmm exits with status 1 (the guest wrote 0 to port 0xf4), its serial output ends with
+//! `N passed, 0 failed` where N > 0 equals the number of `PASS ` lines, and no line starts with
+//! `FAIL`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Target triple of the guest programs.
+const GUEST_TARGET: &str = "x86_64-unknown-none";
+/// The vmm's own per-run timeout (seconds); the harness kills the process a bit later.
+const VMM_TIMEOUT_SECS: u64 = 120;
+const KILL_AFTER: Duration = Duration::from_secs(VMM_TIMEOUT_SECS + 60);
+/// Status of `vmm run` when the guest wrote 0 to the exit port ((0 << 1) | 1).
+const STATUS_GUEST_PASSED: i32 = 1;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("vmm/ has a parent directory")
+        .to_path_buf()
+}
+
+fn guest_dir() -> PathBuf {
+    repo_root().join("guest-tests")
+}
+
+/// Directory holding the built guest binaries.
+fn guest_bin_dir() -> PathBuf {
+    guest_dir()
+        .join("target")
+        .join(GUEST_TARGET)
+        .join("release")
+}
+
+/// Environment variables of an outer cargo/coverage run that must not leak into the guest
+/// build: host RUSTFLAGS (e.g. -C instrument-coverage) break a no_std target, and an inherited
+/// target dir or build target would move or change the output.
+const SCRUBBED_ENV: &[&str] = &[
+    "RUSTFLAGS",
+    "CARGO_ENCODED_RUSTFLAGS",
+    "CARGO_BUILD_RUSTFLAGS",
+    "RUSTC_WRAPPER",
+    "RUSTC_WORKSPACE_WRAPPER",
+    "CARGO_TARGET_DIR",
+    "CARGO_BUILD_TARGET",
+    "CARGO_BUILD_TARGET_DIR",
+    "CARGO_LLVM_COV",
+    "CARGO_LLVM_COV_TARGET_DIR",
+    "LLVM_PROFILE_FILE",
+];
+
+const MISSING_TARGET_HINT: &str = "the x86_64-unknown-none target is missing: run `rustup target add x86_64-unknown-none` or `make test`";
+
+/// True if rustc has the guest target's standard library (libcore) installed.
+fn target_installed() -> bool {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let Ok(out) = Command::new(rustc)
+        .args(["--print", "target-libdir", "--target", GUEST_TARGET])
+        .output()
+    else {
+        return false;
+    };
+    let libdir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    out.status.success()
+        && std::fs::read_dir(libdir).is_ok_and(|mut d| {
+            d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("libcore-")))
+        })
+}
+
+/// Build the guest crate and convert mbtest; Err carries a message for every test to report.
+fn build_guests() -> Result<PathBuf, String> {
+    if !target_installed() {
+        return Err(MISSING_TARGET_HINT.to_string());
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let dir = guest_dir();
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&dir)
+        .args([
+            "build",
+            "--release",
+            "--target",
+            GUEST_TARGET,
+            "--manifest-path",
+        ])
+        .arg(dir.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(dir.join("target"));
+    for var in SCRUBBED_ENV {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run cargo for guest-tests: {e}"))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let hint = if stderr.contains("can't find crate for `core`") {
+            MISSING_TARGET_HINT
+        } else {
+            "guest-tests does not build"
+        };
+        return Err(format!("{hint}:\n{stderr}"));
+    }
+    let bins = guest_bin_dir();
+    to_elf32(&bins.join("mbtest"), &bins.join("mbtest.elf32"))?;
+    Ok(bins)
+}
+
+/// objcopy candidates: binutils, LLVM, then the one shipped with rustup's llvm-tools.
+fn objcopy_candidates() -> Vec<PathBuf> {
+    let mut v = vec![PathBuf::from("objcopy"), PathBuf::from("llvm-objcopy")];
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    if let Ok(out) = Command::new(rustc).args(["--print", "sysroot"]).output() {
+        let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if let Ok(dirs) = std::fs::read_dir(sysroot.join("lib/rustlib")) {
+            v.extend(dirs.flatten().map(|d| d.path().join("bin/rust-objcopy")));
+        }
+    }
+    v
+}
+
+/// ELF64 -> ELF32 (EM_386) as kvm-unit-tests does for multiboot images; debug info dropped.
+fn to_elf32(input: &Path, output: &Path) -> Result<(), String> {
+    let mut errors = Vec::new();
+    for tool in objcopy_candidates() {
+        match Command::new(&tool)
+            .args(["-O", "elf32-i386", "--strip-debug"])
+            .arg(input)
+            .arg(output)
+            .output()
+        {
+            Ok(o) if o.status.success() => return Ok(()),
+            Ok(o) => errors.push(format!(
+                "{}: {}",
+                tool.display(),
+                String::from_utf8_lossy(&o.stderr)
+            )),
+            Err(e) => errors.push(format!("{}: {e}", tool.display())),
+        }
+    }
+    Err(format!(
+        "cannot convert {} to ELF32:\n{}",
+        input.display(),
+        errors.join("\n")
+    ))
+}
+
+/// The guest binaries directory, built once per test process.
+fn guests() -> &'static Path {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match BUILT.get_or_init(build_guests) {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Output of one `vmm run`.
+struct Run {
+    status: Option<i32>,
+    stdout: String,
+    stderr: String,
+    timed_out: bool,
+}
+
+fn run_vmm(kernel: &Path, extra: &[&str]) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vmm"))
+        .arg("run")
+        .arg("--kernel")
+        .arg(kernel)
+        .args(["--timeout", &VMM_TIMEOUT_SECS.to_string()])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the vmm binary");
+    // Drain both pipes on threads so a chatty guest cannot block on a full pipe.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            // A read error just truncates the captured output.
+            let _ = r.read_to_end(&mut buf);
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("stdout is piped")));
+    let err = drain(Box::new(child.stderr.take().expect("stderr is piped")));
+    let start = Instant::now();
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait().expect("wait for the vmm") {
+            Some(s) => break s,
+            None if start.elapsed() > KILL_AFTER => {
+                timed_out = true;
+                // The process may have exited in between; wait() below reaps it either way.
+                let _ = child.kill();
+                break child.wait().expect("reap the vmm");
+            }
+            None => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    Run {
+        status: status.code(),
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+        timed_out,
+    }
+}
+
+/// Check a guest's serial output: `N passed, 0 failed` (N > 0, N = number of `PASS ` lines) and
+/// no `FAIL` line. Returns N.
+fn check_output(stdout: &str) -> Result<usize, String> {
+    let lines: Vec<&str> = stdout.lines().map(str::trim_end).collect();
+    if let Some(l) = lines.iter().find(|l| l.starts_with("FAIL")) {
+        return Err(format!("guest reported a failure: {l}"));
+    }
+    let passes = lines.iter().filter(|l| l.starts_with("PASS ")).count();
+    // The summary is the guest's last word; vmm diagnostics may follow, guest results may not.
+    let Some(at) = lines.iter().rposition(|l| parse_summary(l).is_some()) else {
+        return Err("no `N passed, M failed` summary line".to_string());
+    };
+    if lines[at + 1..].iter().any(|l| l.starts_with("PASS ")) {
+        return Err("PASS lines after the summary".to_string());
+    }
+    let (passed, failed) = parse_summary(lines[at]).unwrap_or_default();
+    if failed != 0 {
+        return Err(format!("summary reports {failed} failed"));
+    }
+    if passed == 0 {
+        return Err("summary reports 0 passed".to_string());
+    }
+    if passed != passes {
+        return Err(format!(
+            "summary says {passed} passed but there are {passes} PASS lines"
+        ));
+    }
+    Ok(passed)
+}
+
+/// Parse `N passed, M failed`.
+fn parse_summary(line: &str) -> Option<(usize, usize)> {
+    let (p, rest) = line.trim().split_once(" passed, ")?;
+    let f = rest.strip_suffix(" failed")?;
+    Some((p.parse().ok()?, f.parse().ok()?))
+}
+
+/// Boot `kernel` with `extra` arguments and assert the guest passed.
+fn boot_and_check(name: &str, kernel: &Path, extra: &[&str]) {
+    let run = run_vmm(kernel, extra);
+    let verdict = if run.timed_out {
+        Err(format!("killed after {KILL_AFTER:?}"))
+    } else if run.status != Some(STATUS_GUEST_PASSED) {
+        Err(format!(
+            "vmm exit status {:?}, want {STATUS_GUEST_PASSED} (guest exit code 0)",
+            run.status
+        ))
+    } else {
+        check_output(&run.stdout).map(|_| ())
+    };
+    if let Err(e) = verdict {
+        panic!(
+            "guest {name} failed: {e}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            run.stdout, run.stderr
+        );
+    }
+}
+
+#[test]
+fn guest_smoke() {
+    let bin = guests().join("smoke");
+    boot_and_check("smoke", &bin, &["--vcpus", "2"]);
+}
+
+#[test]
+fn guest_demo() {
+    let bin = guests().join("demo");
+    boot_and_check("demo", &bin, &[]);
+}
+
+#[test]
+fn guest_mbtest() {
+    let bin = guests().join("mbtest.elf32");
+    boot_and_check(
+        "mbtest",
+        &bin,
+        &["--vcpus", "1", "--mem", "128M", "--cmdline", "arg1 arg2"],
+    );
+}
+
+#[test]
+fn output_check_accepts_a_clean_run() {
+    let out = "== s: 2 tests\nPASS a\n  info\nPASS b\n2 passed, 0 failed\nvmm: guest exit code 0\n";
+    assert_eq!(check_output(out), Ok(2));
+    assert_eq!(check_output(&out.replace('\n', "\r\n")), Ok(2));
+}
+
+#[test]
+fn output_check_rejects_failures_and_mismatches() {
+    assert!(check_output("PASS a\nFAIL b: x\n1 passed, 1 failed\n").is_err());
+    assert!(check_output("PASS a\n1 passed, 1 failed\n").is_err());
+    assert!(check_output("PASS a\nPASS b\n1 passed, 0 failed\n").is_err());
+    assert!(check_output("0 passed, 0 failed\n").is_err());
+    assert!(check_output("PASS a\n").is_err());
+    assert!(check_output("1 passed, 0 failed\nPASS a\n").is_err());
+}
