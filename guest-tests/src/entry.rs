@@ -23,6 +23,8 @@ global_asm!(
     "_start:",
     "test rdi, rdi",
     "jnz 2f",
+    // BSP only: remember the --cmdline pointer (RDX) before any Rust code runs.
+    "mov [rip + {cmdline}], rdx",
     "lea rsp, [rip + __stack_top]",
     "jmp 4f",
     "2:",
@@ -42,7 +44,14 @@ global_asm!(
     ".popsection",
     max = const MAX_CPUS,
     apsz = const AP_STACK_SIZE,
+    cmdline = sym CMDLINE_PTR,
 );
+
+/// RDX at the BSP's `_start`: GPA of the NUL-terminated `--cmdline` text (0 if the guest was
+/// entered some other way, e.g. through multiboot).
+static CMDLINE_PTR: AtomicU64 = AtomicU64::new(0);
+/// The longest command line the vmm passes (its CMDLINE_MAX, NUL included).
+const CMDLINE_MAX: usize = 0x1000;
 
 /// Bit n set once vCPU n (n >= 1) reached [`init`].
 static AP_SEEN: AtomicU64 = AtomicU64::new(0);
@@ -105,4 +114,19 @@ pub fn image_range() -> (u64, u64) {
         (&raw const __image_start) as u64,
         (&raw const __image_end) as u64,
     )
+}
+
+/// The `--cmdline` text the vmm passed in RDX (boot contract in vmm/src/boot/elf64.rs): empty
+/// if there was none, if the pointer is 0 or if the text is not NUL-terminated UTF-8 within
+/// [`CMDLINE_MAX`] bytes.
+pub fn cmdline() -> &'static str {
+    let p = CMDLINE_PTR.load(Ordering::SeqCst);
+    if p == 0 {
+        return "";
+    }
+    // SAFETY: the vmm wrote at most CMDLINE_MAX bytes at this identity-mapped low address,
+    // which the runtime never reuses; only reads happen.
+    let bytes = unsafe { core::slice::from_raw_parts(p as *const u8, CMDLINE_MAX) };
+    let len = bytes.iter().position(|&b| b == 0).unwrap_or(0);
+    core::str::from_utf8(&bytes[..len]).unwrap_or("")
 }

@@ -106,6 +106,9 @@ macro_rules! ensure {
 /// Fail the test unless `left == right` (values printed in hex).
 #[macro_export]
 macro_rules! ensure_eq {
+    ($left:expr, $right:expr) => {
+        $crate::ensure_eq!($left, $right, stringify!($left))
+    };
     ($left:expr, $right:expr, $what:expr) => {
         match (&$left, &$right) {
             (l, r) => {

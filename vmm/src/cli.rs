@@ -102,6 +102,10 @@ pub struct RunArgs {
     /// Stop a guest that has not exited after this many seconds (0: never).
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     pub timeout: u64,
+    /// At exit, decode the guest's PEBS buffer (IA32_DS_AREA) with vpmu's decoder and print
+    /// every record.
+    #[arg(long)]
+    pub dump_pebs: bool,
     /// Serial console destination: `stdout` or a file path.
     #[arg(long, value_name = "stdout|FILE", default_value = "stdout", value_parser = parse_serial)]
     pub serial: SerialOut,

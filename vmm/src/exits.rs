@@ -38,8 +38,11 @@ pub enum StopReason {
 pub enum ExitAction {
     /// Re-enter the guest.
     Continue,
-    /// A PMU MSR was written: the loop re-synchronises the counting backend before re-entry.
-    PmuChanged,
+    /// A PMU MSR was trapped: the loop re-synchronises the counting backend and the #GP
+    /// breakpoint before re-entry.
+    PmuTrap,
+    /// KVM_RUN returned EINTR (a host counter overflow signal or a kick).
+    Interrupted,
     /// A guest-debug exit (single-step or breakpoint) for the counting backend.
     Debug(DebugExit),
     /// Stop this vCPU (and the VM).
@@ -98,16 +101,11 @@ pub fn handle_exit(exit: VcpuExit<'_>, bus: &Mutex<Bus>, msrs: &mut dyn MsrHandl
                 }
                 None => *e.error = 1,
             }
-            ExitAction::Continue
+            ExitAction::PmuTrap
         }
         VcpuExit::X86Wrmsr(e) => {
-            if msrs.wrmsr(e.index, e.data) {
-                *e.error = 0;
-                ExitAction::PmuChanged
-            } else {
-                *e.error = 1;
-                ExitAction::Continue
-            }
+            *e.error = u8::from(!msrs.wrmsr(e.index, e.data));
+            ExitAction::PmuTrap
         }
         VcpuExit::Debug(d) => ExitAction::Debug(d.into()),
         // With the in-kernel irqchip HLT does not exit; without one a halted guest is done.
@@ -195,7 +193,7 @@ mod tests {
         };
         assert_eq!(
             handle_exit(VcpuExit::X86Rdmsr(e), &b, &mut m),
-            ExitAction::Continue
+            ExitAction::PmuTrap
         );
         assert_eq!((err, data), (0, 0xf));
         let e = ReadMsrExit {
@@ -221,7 +219,7 @@ mod tests {
         };
         assert_eq!(
             handle_exit(VcpuExit::X86Wrmsr(e), &b, &mut m),
-            ExitAction::PmuChanged
+            ExitAction::PmuTrap
         );
         assert_eq!(err, 0);
         assert_eq!(m.0[&0x186], 0x43_00c0);
@@ -233,7 +231,7 @@ mod tests {
         };
         assert_eq!(
             handle_exit(VcpuExit::X86Wrmsr(e), &b, &mut m),
-            ExitAction::Continue
+            ExitAction::PmuTrap
         );
         assert_eq!(err, 1);
     }

@@ -1,11 +1,12 @@
 //! `vmm`: a KVM-based VMM whose virtual PMU lives in user space and writes Intel PEBS records in
 //! software. See README.md.
-
+mod backend;
 mod boot;
 mod cli;
 mod cpuid;
 mod devices;
 mod exits;
+mod guest;
 
 mod msr_filter;
 mod pmi;
@@ -17,6 +18,7 @@ use clap::Parser;
 
 use crate::cli::{Cli, Command};
 use crate::exits::StopReason;
+use crate::vcpu::VcpuStop;
 use crate::vm::RunEnd;
 
 fn main() {
@@ -39,6 +41,14 @@ fn main() {
 }
 
 fn report(end: &RunEnd) {
+    if let RunEnd::Stopped(VcpuStop {
+        index,
+        pebs_dump: Some(dump),
+        ..
+    }) = end
+    {
+        print!("vmm: vCPU {index} PEBS buffer: {dump}");
+    }
     match end {
         RunEnd::Stopped(s) => match &s.reason {
             StopReason::GuestExit(_) if !s.pmu_summary.is_empty() => {

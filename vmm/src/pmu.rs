@@ -1,10 +1,60 @@
-//! The per-vCPU glue between trapped MSR exits, the vpmu state machine and the counting backend.
+//! The per-vCPU glue between trapped MSR exits, the vpmu state machine and the counting
+//! backend: programs the backend when the guest reprograms its counters, single-steps for the
+//! precise backend, collects host counts for the perf backend, hands overflows (with the guest
+//! state) to vpmu, and emulates RDPMC — through the decoder while stepping, and through a
+//! hardware breakpoint on the guest's #GP handler in every mode (see `backend::rdpmc`).
 
 use std::collections::HashSet;
 
+use kvm_bindings::{kvm_regs, kvm_sregs};
+use kvm_ioctls::VcpuFd;
+use thiserror::Error;
+use vm_memory::GuestMemoryMmap;
 use vpmu::Vpmu;
+use vpmu::backend::CountingBackend;
+use vpmu::counter::CounterId;
+use vpmu::msr::IA32_DS_AREA;
+use vpmu::paging::PageWalker;
+use vpmu::pebs::decode::read_pebs_buffer;
+use vpmu::state::{EventInfo, GuestState};
 
-use crate::exits::MsrHandler;
+use crate::backend::debug::{DR6_B0, DR6_BS, GuestDebug};
+use crate::backend::insn::{self, MAX_INSN_LEN};
+use crate::backend::perf::{self, PerfBackend};
+use crate::backend::precise::{Outcome, Pending, Precise, Retired, outcome};
+use crate::backend::rdpmc::{self, GpFrame, RDPMC_OPCODE};
+use crate::exits::{DebugExit, MsrHandler};
+use crate::guest::{self, Ram};
+
+/// A KVM call the PMU glue needed failed.
+#[derive(Debug, Error)]
+pub enum PmuGlueError {
+    /// A register or debug ioctl failed.
+    #[error("{what} failed: {err}")]
+    Kvm {
+        /// Which call.
+        what: &'static str,
+        /// The error.
+        err: kvm_ioctls::Error,
+    },
+    /// Reading guest state failed.
+    #[error(transparent)]
+    State(#[from] guest::GuestStateError),
+}
+
+fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> PmuGlueError {
+    move |err| PmuGlueError::Kvm { what, err }
+}
+
+/// The counting backend of one vCPU.
+pub enum Backend {
+    /// Single-step and decode.
+    Precise(Box<Precise>),
+    /// Host perf events.
+    Perf(PerfBackend),
+    /// Nothing counts.
+    Off,
+}
 
 /// Counters for the end-of-run summary.
 #[derive(Debug, Default, Clone, Copy)]
@@ -19,36 +69,61 @@ pub struct PmuStats {
     pub pmis_delivered: u64,
     /// PMIs not injected (LVTPC masked or the LAPIC refused).
     pub pmis_dropped: u64,
+    /// Counter overflows handled.
+    pub overflows: u64,
+    /// PEBS records written.
+    pub pebs_records: u64,
+    /// PEBS assists that wrote nothing.
+    pub pebs_dropped: u64,
+    /// RDPMCs emulated.
+    pub rdpmc: u64,
 }
 
-/// One vCPU's virtual PMU with its statistics.
+/// One vCPU's virtual PMU, its backend and its guest-debug state.
 pub struct VcpuPmu {
     /// The state machine.
     pub vpmu: Vpmu,
+    /// The backend.
+    pub backend: Backend,
     /// Statistics.
     pub stats: PmuStats,
-    warned: HashSet<&'static str>,
+    mem: GuestMemoryMmap<()>,
+    warned: HashSet<String>,
+    debug: GuestDebug,
+    applied: Option<GuestDebug>,
+    programmed: Option<u64>,
+    /// Counters that wrapped while answering an MSR read (perf backend), handled after the exit.
+    deferred: Vec<CounterId>,
+    /// The precise backend counts CPL3 on this host.
+    count_cpl3: bool,
+    /// Overflow signals already accounted for (perf backend).
+    signals_seen: u64,
 }
 
 impl VcpuPmu {
-    /// Wraps `vpmu`.
-    pub fn new(vpmu: Vpmu) -> Self {
+    /// Wraps `vpmu` with `backend`; `mem` is guest RAM.
+    pub fn new(vpmu: Vpmu, backend: Backend, mem: GuestMemoryMmap<()>, count_cpl3: bool) -> Self {
         Self {
             vpmu,
+            backend,
             stats: PmuStats::default(),
+            mem,
             warned: HashSet::new(),
+            debug: GuestDebug::default(),
+            applied: None,
+            programmed: None,
+            deferred: Vec::new(),
+            count_cpl3,
+            signals_seen: 0,
         }
     }
 
     /// Prints `msg` once per `key` for this vCPU.
-    pub fn warn_once(&mut self, key: &'static str, msg: &str) {
-        if self.warned.insert(key) {
+    pub fn warn_once(&mut self, key: &str, msg: &str) {
+        if self.warned.insert(key.to_string()) {
             eprintln!("vmm: {msg}");
         }
     }
-
-    /// Re-synchronises the counting backend after a PMU MSR write.
-    pub fn reprogram(&mut self) {}
 
     /// Whether the vPMU wants a PMI delivered now.
     pub fn take_pmi_request(&mut self) -> bool {
@@ -61,24 +136,512 @@ impl VcpuPmu {
         if s.rdmsr + s.wrmsr == 0 {
             return String::new();
         }
-        format!(
-            "{} rdmsr, {} wrmsr, {} #GP, {} PMIs delivered, {} dropped",
-            s.rdmsr, s.wrmsr, s.gp, s.pmis_delivered, s.pmis_dropped
-        )
+        let mut line = format!(
+            "{} rdmsr, {} wrmsr, {} #GP, {} overflows, {} PEBS records ({} dropped), {} RDPMC emulated, {} PMIs delivered, {} dropped",
+            s.rdmsr,
+            s.wrmsr,
+            s.gp,
+            s.overflows,
+            s.pebs_records,
+            s.pebs_dropped,
+            s.rdpmc,
+            s.pmis_delivered,
+            s.pmis_dropped
+        );
+        if let Backend::Precise(p) = &self.backend {
+            line += &format!(
+                "; precise: {} steps, {} instructions retired, {} faulted",
+                p.stats.steps, p.stats.retired, p.stats.faulted
+            );
+        }
+        line
+    }
+
+    fn walker(sregs: &kvm_sregs) -> PageWalker {
+        PageWalker::new(guest::paging(sregs))
+    }
+
+    fn read_linear(&self, sregs: &kvm_sregs, la: u64, buf: &mut [u8]) -> bool {
+        let ram = Ram(&self.mem);
+        Self::walker(sregs).read(&ram, la, buf).is_ok()
+    }
+
+    fn read_u64s<const N: usize>(&self, sregs: &kvm_sregs, la: u64) -> Option<[u64; N]> {
+        let mut b = vec![0u8; N * 8];
+        if !self.read_linear(sregs, la, &mut b) {
+            return None;
+        }
+        let mut out = [0u64; N];
+        for (o, c) in out.iter_mut().zip(b.chunks_exact(8)) {
+            *o = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+        }
+        Some(out)
+    }
+
+    /// After any PMU MSR trap: reprogram the backend if the counters changed, re-arm the #GP
+    /// breakpoint if the guest's IDT changed, and apply the guest-debug state.
+    pub fn sync(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+        self.process_deferred(fd)?;
+        self.reprogram(fd)?;
+        let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        self.debug.gp_breakpoint = self.gp_handler(&sregs);
+        self.apply_debug(fd)
+    }
+
+    fn reprogram(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+        if self.programmed == Some(self.vpmu.generation()) {
+            return Ok(());
+        }
+        self.programmed = Some(self.vpmu.generation());
+        let programs = self.vpmu.programs();
+        let mut warnings = Vec::new();
+        match &mut self.backend {
+            Backend::Precise(p) => {
+                warnings = p.set_programs(programs);
+                let want = p.wants_stepping();
+                if want && !self.debug.stepping {
+                    // The instruction at RIP (the WRMSR that enabled counting, if this follows
+                    // a WRMSR exit) is the first one counted.
+                    let regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
+                    let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+                    let pending = self.decode_at(&regs, &sregs);
+                    if let Backend::Precise(p) = &mut self.backend {
+                        p.pending = pending;
+                    }
+                } else if !want {
+                    p.pending = None;
+                }
+                self.debug.stepping = want;
+            }
+            Backend::Perf(b) => {
+                if let Err(e) = b.program(&programs) {
+                    warnings.push(format!("{e}"));
+                }
+            }
+            Backend::Off => {
+                if !programs.is_empty() {
+                    warnings.push(
+                        "guest counters are enabled but --pmu-backend off counts nothing".into(),
+                    );
+                }
+            }
+        }
+        for w in warnings {
+            self.warn_once(&w.clone(), &w);
+        }
+        Ok(())
+    }
+
+    fn apply_debug(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+        if self.applied != Some(self.debug) {
+            fd.set_guest_debug(&self.debug.to_kvm())
+                .map_err(kvm("KVM_SET_GUEST_DEBUG"))?;
+            self.applied = Some(self.debug);
+        }
+        Ok(())
+    }
+
+    /// The guest's #GP handler, if its IDT has a present 64-bit gate for vector 13.
+    fn gp_handler(&self, sregs: &kvm_sregs) -> Option<u64> {
+        let off = rdpmc::GP_VECTOR * 16;
+        if u64::from(sregs.idt.limit) < off + 15 || sregs.efer & (1 << 10) == 0 {
+            return None;
+        }
+        let mut gate = [0u8; 16];
+        if !self.read_linear(sregs, sregs.idt.base.wrapping_add(off), &mut gate) {
+            return None;
+        }
+        rdpmc::gate_handler(&gate)
+    }
+
+    fn decode_at(&self, regs: &kvm_regs, sregs: &kvm_sregs) -> Option<Pending> {
+        let mut bytes = [0u8; MAX_INSN_LEN];
+        // An instruction may end before a page that does not translate: try shorter reads.
+        let mut n = MAX_INSN_LEN;
+        while n > 0 && !self.read_linear(sregs, regs.rip, &mut bytes[..n]) {
+            n -= 1;
+        }
+        let bitness = if sregs.cs.l == 1 {
+            64
+        } else if sregs.cs.db == 1 {
+            32
+        } else {
+            16
+        };
+        let insn = insn::decode(regs.rip, &bytes[..n], bitness)?;
+        let reg = |r| register_value(regs, r);
+        let seg = |r| match r {
+            iced_x86::Register::FS => sregs.fs.base,
+            iced_x86::Register::GS => sregs.gs.base,
+            _ => 0,
+        };
+        let data_addr = insn.data_address(reg, seg);
+        Some(Pending {
+            insn,
+            cpl: guest::cpl(sregs),
+            data_addr,
+        })
+    }
+
+    /// Handles a guest-debug exit.
+    pub fn on_debug(&mut self, fd: &VcpuFd, d: DebugExit) -> Result<(), PmuGlueError> {
+        let bp_hit = d.dr6 & DR6_B0 != 0 && self.debug.gp_breakpoint == Some(d.pc);
+        if d.dr6 & DR6_BS != 0 {
+            if self.debug.stepping_over {
+                self.debug.stepping_over = false;
+            }
+            if self.debug.stepping {
+                self.on_step(fd)?;
+            }
+        }
+        if bp_hit && !self.debug.stepping_over {
+            self.on_gp_handler(fd)?;
+        }
+        let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        self.debug.gp_breakpoint = self.gp_handler(&sregs);
+        self.apply_debug(fd)
+    }
+
+    /// One single-step exit: retire the pending instruction, count it, handle an overflow,
+    /// then decode the next one (emulating it at once if it is an RDPMC).
+    fn on_step(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+        let Backend::Precise(p) = &mut self.backend else {
+            return Ok(());
+        };
+        p.stats.steps += 1;
+        let mut regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
+        let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        if let Some(pend) = p.pending.take() {
+            let frame = || self.read_u64s::<2>(&sregs, regs.rsp);
+            match outcome(&pend, regs.rip, frame) {
+                Outcome::Retired => {
+                    let r = match &mut self.backend {
+                        Backend::Precise(p) => p.retire(pend, regs.rip),
+                        _ => return Ok(()),
+                    };
+                    self.count_retired(fd, &r, &regs, &sregs)?;
+                }
+                Outcome::Faulted => {
+                    if let Backend::Precise(p) = &mut self.backend {
+                        p.stats.faulted += 1;
+                    }
+                }
+            }
+        }
+        // Decode what runs next; an RDPMC is answered here and stepped over.
+        loop {
+            let next = self.decode_at(&regs, &sregs);
+            match next {
+                Some(pend) if pend.insn.rdpmc => {
+                    let ecx = (regs.rcx & 0xffff_ffff) as u32;
+                    let Some(value) = self.emulate_rdpmc(ecx, pend.cpl, sregs.cr4) else {
+                        self.set_pending(Some(pend));
+                        break;
+                    };
+                    regs.rax = value & 0xffff_ffff;
+                    regs.rdx = value >> 32;
+                    regs.rip = pend.insn.fallthrough();
+                    fd.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+                    let r = match &mut self.backend {
+                        Backend::Precise(p) => {
+                            p.stats.rdpmc += 1;
+                            p.retire(pend, regs.rip)
+                        }
+                        _ => return Ok(()),
+                    };
+                    self.count_retired(fd, &r, &regs, &sregs)?;
+                    if !self.debug.stepping {
+                        break;
+                    }
+                }
+                other => {
+                    self.set_pending(other);
+                    break;
+                }
+            }
+        }
+        if !self.count_cpl3 && guest::cpl(&sregs) == 3 {
+            self.warn_once(
+                "cpl3",
+                "this host's KVM cannot single-step CPL3 code: the precise backend counts CPL0 only",
+            );
+        }
+        Ok(())
+    }
+
+    fn set_pending(&mut self, pending: Option<Pending>) {
+        if let Backend::Precise(p) = &mut self.backend {
+            p.pending = pending;
+        }
+    }
+
+    fn count_retired(
+        &mut self,
+        fd: &VcpuFd,
+        r: &Retired,
+        regs: &kvm_regs,
+        sregs: &kvm_sregs,
+    ) -> Result<(), PmuGlueError> {
+        let deltas = match &self.backend {
+            Backend::Precise(p) => p.deltas(r),
+            _ => return Ok(()),
+        };
+        if deltas.is_empty() {
+            return Ok(());
+        }
+        let wrapped = self.vpmu.add_counts(&deltas);
+        if wrapped.is_empty() {
+            return Ok(());
+        }
+        let state = self.state_from(fd, regs, sregs)?;
+        let event = EventInfo {
+            eventing_ip: r.pending.insn.ip,
+            data_addr: r
+                .pending
+                .data_addr
+                .filter(|_| r.pending.insn.loads || r.pending.insn.stores),
+            data_source: r.data_source,
+            latency: r.latency,
+        };
+        self.overflow(fd, &wrapped, &state, &event)
+    }
+
+    fn state_from(
+        &self,
+        fd: &VcpuFd,
+        regs: &kvm_regs,
+        sregs: &kvm_sregs,
+    ) -> Result<GuestState, PmuGlueError> {
+        let fpu = fd.get_fpu().map_err(kvm("KVM_GET_FPU"))?;
+        let mut xmm = [0u128; 16];
+        for (x, b) in xmm.iter_mut().zip(fpu.xmm.iter()) {
+            *x = u128::from_le_bytes(*b);
+        }
+        Ok(GuestState {
+            gprs: guest::gprs(regs),
+            paging: guest::paging(sregs),
+            cpl: guest::cpl(sregs),
+            tsc: guest::read_tsc(fd)?,
+            xmm,
+        })
+    }
+
+    fn overflow(
+        &mut self,
+        fd: &VcpuFd,
+        wrapped: &[CounterId],
+        state: &GuestState,
+        event: &EventInfo,
+    ) -> Result<(), PmuGlueError> {
+        let mut ram = Ram(&self.mem);
+        let out = self.vpmu.handle_overflow(wrapped, state, event, &mut ram);
+        self.stats.overflows += wrapped.len() as u64;
+        self.stats.pebs_records += u64::from(out.records_written);
+        self.stats.pebs_dropped += out.dropped.len() as u64;
+        for cause in &out.dropped {
+            let msg = format!("PEBS record dropped: {cause} (counted; logged once per cause)");
+            self.warn_once(&format!("pebs-drop-{cause:?}"), &msg);
+        }
+        // Reloads and freezes change what counts.
+        self.reprogram(fd)?;
+        self.apply_debug(fd)
+    }
+
+    /// Emulates RDPMC for `ecx` at `cpl`, or None where hardware raises #GP.
+    fn emulate_rdpmc(&mut self, ecx: u32, cpl: u8, cr4: u64) -> Option<u64> {
+        if !rdpmc::allowed(cpl, cr4) {
+            return None;
+        }
+        self.collect_perf();
+        let v = self.vpmu.rdpmc(ecx).ok()?;
+        self.stats.rdpmc += 1;
+        Some(v)
+    }
+
+    /// The breakpoint on the guest's #GP handler fired: emulate a faulting RDPMC, or let the
+    /// handler run.
+    fn on_gp_handler(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+        let regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
+        let mut sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        let emulated = (|| {
+            let q = self.read_u64s::<6>(&sregs, regs.rsp)?;
+            let frame = GpFrame::parse(&q);
+            let mut op = [0u8; 2];
+            if !self.read_linear(&sregs, frame.rip, &mut op) || op != RDPMC_OPCODE {
+                return None;
+            }
+            let ecx = (regs.rcx & 0xffff_ffff) as u32;
+            let value = self.emulate_rdpmc(ecx, frame.cpl(), sregs.cr4)?;
+            Some((frame, value))
+        })();
+        let Some((frame, value)) = emulated else {
+            // Not ours: run the guest's handler, stepping past the breakpoint once.
+            self.debug.stepping_over = true;
+            return Ok(());
+        };
+        let new = rdpmc::resume_regs(regs, &frame, value);
+        if frame.cpl() != guest::cpl(&sregs) {
+            // Back to the faulting privilege level, as the handler's IRETQ would.
+            let cs = self.descriptor(&sregs, frame.cs)?;
+            let ss = self.descriptor(&sregs, frame.ss)?;
+            sregs.cs = cs;
+            sregs.ss = ss;
+            fd.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
+        }
+        fd.set_regs(&new).map_err(kvm("KVM_SET_REGS"))
+    }
+
+    fn descriptor(
+        &self,
+        sregs: &kvm_sregs,
+        selector: u64,
+    ) -> Result<kvm_bindings::kvm_segment, PmuGlueError> {
+        let sel = u16::try_from(selector & 0xffff).unwrap_or(0);
+        let index = u64::from(sel >> 3) * 8;
+        let desc = self
+            .read_u64s::<1>(sregs, sregs.gdt.base.wrapping_add(index))
+            .map(|d| d[0])
+            .ok_or(PmuGlueError::Kvm {
+                what: "reading the guest GDT",
+                err: kvm_ioctls::Error::new(libc::EFAULT),
+            })?;
+        Ok(rdpmc::segment_from_descriptor(sel, desc))
+    }
+
+    /// perf backend: fold host counts into the vPMU; wrapped counters are handled after the
+    /// exit (`process_deferred`) when the guest state can be read.
+    fn collect_perf(&mut self) {
+        let Backend::Perf(b) = &mut self.backend else {
+            return;
+        };
+        match b.collect() {
+            Ok(reports) => {
+                for r in reports {
+                    let w = self.vpmu.add_counts(&r.deltas);
+                    for id in w {
+                        if !self.deferred.contains(&id) {
+                            self.deferred.push(id);
+                        }
+                    }
+                }
+            }
+            Err(e) => self.warn_once(
+                "perf-collect",
+                &format!("reading host counters failed: {e}"),
+            ),
+        }
+    }
+
+    fn process_deferred(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+        if self.deferred.is_empty() {
+            return Ok(());
+        }
+        let wrapped = std::mem::take(&mut self.deferred);
+        let regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
+        let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        let state = self.state_from(fd, &regs, &sregs)?;
+        // The host cannot say which instruction overflowed: the state at this exit stands in
+        // for it (the skid documented in backend::perf).
+        let event = EventInfo {
+            eventing_ip: regs.rip,
+            ..Default::default()
+        };
+        self.overflow(fd, &wrapped, &state, &event)
+    }
+
+    /// KVM_RUN was interrupted (a host counter overflowed, or a kick): collect and handle.
+    pub fn on_interrupted(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+        self.signals_seen = perf::overflow_signals_on_this_thread();
+        self.collect_perf();
+        self.sync(fd)
+    }
+
+    /// Before re-entering the guest: an overflow signal that arrived while this thread was
+    /// handling an exit interrupted nothing, so handle it now rather than one period late.
+    pub fn before_run(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+        if matches!(self.backend, Backend::Perf(_))
+            && perf::overflow_signals_on_this_thread() != self.signals_seen
+        {
+            self.on_interrupted(fd)?;
+        }
+        Ok(())
+    }
+}
+
+impl VcpuPmu {
+    /// The records in the guest's PEBS buffer (base up to PEBS Index), decoded by vpmu, one
+    /// per paragraph: what `vmm run --dump-pebs` prints at exit.
+    pub fn dump_pebs(&mut self, fd: &VcpuFd) -> String {
+        let format = self.vpmu.model().pebs_format;
+        let ds = self.vpmu.rdmsr(IA32_DS_AREA).unwrap_or(0);
+        if ds == 0 {
+            return "no DS area programmed (IA32_DS_AREA = 0)\n".to_string();
+        }
+        let sregs = match fd.get_sregs() {
+            Ok(s) => s,
+            Err(e) => return format!("cannot read the guest's paging state: {e}\n"),
+        };
+        let mut ram = Ram(&self.mem);
+        match read_pebs_buffer(&mut ram, Self::walker(&sregs), ds, format) {
+            Ok(records) => {
+                let mut out = format!(
+                    "{} PEBS record(s) in the buffer of DS area {ds:#x}:\n",
+                    records.len()
+                );
+                for (i, r) in records.iter().enumerate() {
+                    out += &format!("[{i}] {r}\n");
+                }
+                out
+            }
+            Err(e) => format!("cannot decode the PEBS buffer of DS area {ds:#x}: {e}\n"),
+        }
     }
 }
 
 impl MsrHandler for VcpuPmu {
     fn rdmsr(&mut self, index: u32) -> Option<u64> {
         self.stats.rdmsr += 1;
+        // Counting-mode reads see the host counts up to now.
+        self.collect_perf();
         let r = self.vpmu.rdmsr(index).ok();
         self.stats.gp += u64::from(r.is_none());
         r
     }
     fn wrmsr(&mut self, index: u32, value: u64) -> bool {
         self.stats.wrmsr += 1;
+        self.collect_perf();
         let ok = self.vpmu.wrmsr(index, value).is_ok();
         self.stats.gp += u64::from(!ok);
         ok
+    }
+}
+
+/// A 64-bit GPR's value for the decoder's address computation.
+fn register_value(r: &kvm_regs, reg: iced_x86::Register) -> u64 {
+    use iced_x86::Register as R;
+    let full = match reg.full_register() {
+        R::RAX => r.rax,
+        R::RBX => r.rbx,
+        R::RCX => r.rcx,
+        R::RDX => r.rdx,
+        R::RSI => r.rsi,
+        R::RDI => r.rdi,
+        R::RBP => r.rbp,
+        R::RSP => r.rsp,
+        R::R8 => r.r8,
+        R::R9 => r.r9,
+        R::R10 => r.r10,
+        R::R11 => r.r11,
+        R::R12 => r.r12,
+        R::R13 => r.r13,
+        R::R14 => r.r14,
+        R::R15 => r.r15,
+        R::RIP => r.rip,
+        _ => 0,
+    };
+    match reg.size() {
+        4 => full & 0xffff_ffff,
+        2 => full & 0xffff,
+        _ => full,
     }
 }

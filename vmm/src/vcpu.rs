@@ -22,6 +22,8 @@ pub struct VcpuStop {
     pub registers: String,
     /// PMU counters of this vCPU (PMIs delivered/dropped, MSR traps).
     pub pmu_summary: String,
+    /// The guest's PEBS records decoded (with `--dump-pebs`).
+    pub pebs_dump: Option<String>,
 }
 
 /// A vCPU and everything its thread owns.
@@ -40,6 +42,8 @@ pub struct Vcpu {
     pub stop_tx: Sender<VcpuStop>,
     /// Wakes the main loop after a stop report.
     pub stop_evt: EventFd,
+    /// Decode the guest's PEBS buffer at the stop.
+    pub dump_pebs: bool,
 }
 
 impl Vcpu {
@@ -50,35 +54,43 @@ impl Vcpu {
             StopReason::GuestExit(_) => String::new(),
             _ => dump_registers(&self.fd),
         };
+        let pebs_dump = self.dump_pebs.then(|| self.pmu.dump_pebs(&self.fd));
         let _ = self.stop_tx.send(VcpuStop {
             index: self.index,
             reason,
             registers,
             pmu_summary: self.pmu.summary(),
+            pebs_dump,
         });
         let _ = self.stop_evt.write(1);
     }
 
     fn run_loop(&mut self) -> StopReason {
+        if let Err(e) = self.pmu.sync(&self.fd) {
+            return StopReason::Unhandled(format!("setting up the vPMU failed: {e}"));
+        }
         loop {
+            if let Err(e) = self.pmu.before_run(&self.fd) {
+                return StopReason::Unhandled(format!("vPMU: {e}"));
+            }
+            self.deliver_pending_pmi();
             let action = match self.fd.run() {
                 Ok(exit) => handle_exit(exit, &self.bus, &mut self.pmu),
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     self.fd.set_kvm_immediate_exit(0);
-                    ExitAction::Continue
+                    ExitAction::Interrupted
                 }
                 Err(e) => return StopReason::Unhandled(format!("KVM_RUN failed: {e}")),
             };
-            match action {
-                ExitAction::Continue => {}
-                ExitAction::PmuChanged => self.pmu.reprogram(),
-                ExitAction::Debug(d) => {
-                    return StopReason::Unhandled(format!(
-                        "unexpected debug exit (exception {} at {:#x})",
-                        d.exception, d.pc
-                    ));
-                }
+            let done = match action {
+                ExitAction::Continue => Ok(()),
+                ExitAction::PmuTrap => self.pmu.sync(&self.fd),
+                ExitAction::Interrupted => self.pmu.on_interrupted(&self.fd),
+                ExitAction::Debug(d) => self.pmu.on_debug(&self.fd, d),
                 ExitAction::Stop(r) => return r,
+            };
+            if let Err(e) = done {
+                return StopReason::Unhandled(format!("vPMU: {e}"));
             }
             self.deliver_pending_pmi();
         }

@@ -18,15 +18,17 @@ use vmm_sys_util::eventfd::EventFd;
 use vpmu::Vpmu;
 use vpmu::model::CpuModel;
 
+use crate::backend::perf::{self, PerfBackend};
+use crate::backend::probe;
 use crate::boot::{self, BootConfig};
-use crate::cli::{RunArgs, SerialOut};
+use crate::cli::{PmuBackend, RunArgs, SerialOut};
 use crate::cpuid;
 use crate::devices::bus::Bus;
 use crate::devices::fw_cfg::FwCfg;
 use crate::devices::serial::{COM1_IRQ, Sink, new_uart};
 use crate::exits::StopReason;
 use crate::msr_filter;
-use crate::pmu::VcpuPmu;
+use crate::pmu::{Backend, VcpuPmu};
 use crate::vcpu::{Vcpu, VcpuStop};
 
 /// Why the VM could not be built or run.
@@ -161,6 +163,7 @@ pub fn run(args: &RunArgs) -> Result<RunEnd, VmError> {
         FwCfg::new(u16::from(args.vcpus), args.mem),
     )));
 
+    let (make_backend, count_cpl3) = choose_backend(&kvm, args.pmu_backend, &model);
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
@@ -182,12 +185,18 @@ pub fn run(args: &RunArgs) -> Result<RunEnd, VmError> {
             fd,
             vm: Arc::clone(&vm),
             bus: Arc::clone(&bus),
-            pmu: VcpuPmu::new(Vpmu::new(model.clone())),
+            pmu: VcpuPmu::new(
+                Vpmu::new(model.clone()),
+                make_backend(),
+                mem.clone(),
+                count_cpl3,
+            ),
             stop_tx: stop_tx.clone(),
             stop_evt: stop_evt.try_clone().map_err(|err| VmError::Os {
                 what: "eventfd",
                 err,
             })?,
+            dump_pebs: args.dump_pebs,
         });
     }
     for v in vcpus {
@@ -204,6 +213,41 @@ pub fn run(args: &RunArgs) -> Result<RunEnd, VmError> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .flush();
     Ok(end)
+}
+
+/// Picks the counting backend for `choice`, says in one line which one and what it backs, and
+/// returns a constructor for one per vCPU (perf events are opened later, on each vCPU thread).
+fn choose_backend(
+    kvm: &Kvm,
+    choice: PmuBackend,
+    model: &CpuModel,
+) -> (impl Fn() -> Backend + use<>, bool) {
+    let events = match choice {
+        PmuBackend::Perf | PmuBackend::Auto => Some(perf::detect_host_events()),
+        _ => None,
+    };
+    let count_cpl3 = choice == PmuBackend::Precise && probe::cpl3_single_step_works(kvm);
+    let tsc_hz = model.tsc_hz;
+    let line = match (choice, events) {
+        (PmuBackend::Precise, _) => format!(
+            "pmu backend: precise (single-step + decode; exact counts at {})",
+            if count_cpl3 {
+                "every CPL"
+            } else {
+                "CPL0 only: this host cannot single-step CPL3"
+            }
+        ),
+        (PmuBackend::Off, _) => "pmu backend: off (PMU MSRs behave; nothing counts)".to_string(),
+        (_, Some(ev)) => PerfBackend::new(ev, tsc_hz).describe(),
+        (_, None) => unreachable!("perf and auto always detect host events"),
+    };
+    eprintln!("vmm: {line}");
+    let make = move || match (choice, events) {
+        (PmuBackend::Precise, _) => Backend::Precise(Box::default()),
+        (_, Some(ev)) => Backend::Perf(PerfBackend::new(ev, tsc_hz)),
+        _ => Backend::Off,
+    };
+    (make, count_cpl3)
 }
 
 /// Where KVM offers KVM_CAP_PMU_CAPABILITY, turn its own vPMU off so it does not compete for

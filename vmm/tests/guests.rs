@@ -253,8 +253,8 @@ fn parse_summary(line: &str) -> Option<(usize, usize)> {
     Some((p.parse().ok()?, f.parse().ok()?))
 }
 
-/// Boot `kernel` with `extra` arguments and assert the guest passed.
-fn boot_and_check(name: &str, kernel: &Path, extra: &[&str]) {
+/// Boot `kernel` with `extra` arguments, assert the guest passed, and return the run.
+fn boot_and_check(name: &str, kernel: &Path, extra: &[&str]) -> Run {
     let run = run_vmm(kernel, extra);
     let verdict = if run.timed_out {
         Err(format!("killed after {KILL_AFTER:?}"))
@@ -272,12 +272,41 @@ fn boot_and_check(name: &str, kernel: &Path, extra: &[&str]) {
             run.stdout, run.stderr
         );
     }
+    run
 }
 
 #[test]
 fn guest_smoke() {
     let bin = guests().join("smoke");
     boot_and_check("smoke", &bin, &["--vcpus", "2"]);
+}
+
+/// Exact counting with the precise backend; two runs print identical counts (determinism).
+#[test]
+fn guest_precise_counts_are_exact_and_deterministic() {
+    let bin = guests().join("precise");
+    let counts = |run: &Run| -> Vec<String> {
+        run.stdout
+            .lines()
+            .filter(|l| l.contains("counts:") || l.contains("determinism:") || l.contains("rdpmc "))
+            .map(str::to_string)
+            .collect()
+    };
+    let args = ["--pmu-backend", "precise", "--cpu-model", "skylake"];
+    let a = counts(&boot_and_check("precise", &bin, &args));
+    let b = counts(&boot_and_check("precise", &bin, &args));
+    assert!(a.len() >= 6, "count lines missing: {a:?}");
+    assert_eq!(a, b, "two runs of the same guest counted differently");
+}
+
+/// RDPMC through the #GP-handler breakpoint when no backend single-steps.
+#[test]
+fn guest_rdpmc_without_stepping() {
+    let bin = guests().join("precise");
+    for backend in ["off", "perf"] {
+        let args = ["--pmu-backend", backend, "--cmdline", "rdpmc-only"];
+        boot_and_check("precise (rdpmc-only)", &bin, &args);
+    }
 }
 
 #[test]
