@@ -17,6 +17,9 @@ help:
 	@echo "make test    format check, clippy -D warnings, unit tests, guest tests"
 	@echo "make guests  build the no_std guest programs"
 	@echo "make bench   benchmarks (see README)"
+	@echo "make linux-guest  build the guest Linux kernel (resources/linux-guest/; first build ~6 min)"
+	@echo "make linux-test   boot it on every PEBS model and run its perf self-test"
+	@echo "make fuzz    run the libFuzzer targets FUZZ_SECS (60) s each (installs nightly + cargo-fuzz)"
 
 # Everything a fresh machine needs beyond the Rust toolchain.
 deps:
@@ -51,3 +54,47 @@ unit: deps
 	cargo test --workspace
 
 test: deps fmt-check clippy unit
+
+# Fuzzing (see fuzz/Cargo.toml): each libFuzzer target for FUZZ_SECS seconds, with overflow
+# checks, seeded from fuzz/corpus/<target>/ (traces from `vmm run --trace-msr` dropped into
+# fuzz/corpus/msr_traps/ are seeds too). New inputs go to fuzz/corpus-run/, crashes to
+# fuzz/artifacts/, libFuzzer's logs to fuzz/artifacts/<target>.log.
+FUZZ_SECS    ?= 60
+FUZZ_TARGETS := msr_traps pebs_records page_walk
+
+fuzz:
+	@command -v rustup >/dev/null || { echo "error: rustup not found; cargo-fuzz needs a nightly toolchain installed through rustup (https://rustup.rs)" >&2; exit 1; }
+	@rustup toolchain list | grep -q '^nightly' || { \
+	  echo "installing the nightly toolchain (cargo-fuzz needs -Zsanitizer flags)"; \
+	  rustup toolchain install nightly --profile minimal || { echo "error: 'rustup toolchain install nightly' failed; install a nightly toolchain to run the fuzzers (stable 'cargo test -p vpmu --test fuzz_corpus' runs the same logic without libFuzzer)" >&2; exit 1; }; }
+	@cargo fuzz --version >/dev/null 2>&1 || { \
+	  echo "installing cargo-fuzz"; \
+	  cargo install cargo-fuzz --locked || { echo "error: 'cargo install cargo-fuzz' failed; install it by hand to run the fuzzers" >&2; exit 1; }; }
+	@mkdir -p fuzz/artifacts; failed=""; \
+	for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/corpus-run/$$t; \
+	  echo "fuzzing $$t for $(FUZZ_SECS) s"; \
+	  cargo +nightly fuzz run --fuzz-dir fuzz -s none -a $$t fuzz/corpus-run/$$t fuzz/corpus/$$t -- \
+	    -max_total_time=$(FUZZ_SECS) -print_final_stats=1 > fuzz/artifacts/$$t.log 2>&1 || failed="$$failed $$t"; \
+	  grep -E '^(Done|stat::number_of_executed_units)' fuzz/artifacts/$$t.log | tail -1 | sed "s/^/  $$t: /"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "error: fuzz targets failed:$$failed (see fuzz/artifacts/<target>.log and the crash inputs there)" >&2; exit 1; fi; \
+	echo "fuzzing done: no invariant violated"
+
+# Guest Linux kernel from Debian's linux-source-6.12 (resources/linux-guest/README.md), built in
+# target/linux-guest/; rebuilds are incremental. linux-test boots it on each preset CPU model
+# with PEBS (fmt0-fmt5) and requires the kernel's own perf driver and self-test to pass; without
+# a built kernel, vmm/tests/linux.rs skips.
+.PHONY: linux-guest linux-test
+linux-guest:
+	bash resources/linux-guest/build.sh
+
+linux-test: deps linux-guest
+	cargo test -p vmm --test linux -- --nocapture
+
+# Benchmarks (README "Performance"): vpmu handler, assist and page-walk times with criterion,
+# then the end-to-end figures through the bench guest; one table, also in target/bench/results.json.
+BENCH_CRITERION ?= --measurement-time 1 --warm-up-time 0.4
+bench: guests
+	cargo bench -p vpmu --bench vpmu -- $(BENCH_CRITERION) > /dev/null
+	cargo bench -p vmm --bench e2e

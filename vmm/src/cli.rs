@@ -50,6 +50,20 @@ pub enum Command {
     /// or Linux (bzImage or PVH vmlinux). The guest's serial console goes to stdout; a write of
     /// V to port 0xf4 ends the run with exit status (V << 1) | 1.
     Run(RunArgs),
+    /// Re-execute a trace recorded with `vmm run --trace-msr` against the virtual PMU, without
+    /// KVM, and report the first divergence (exit status 1) or the statistics (0).
+    Replay(ReplayArgs),
+}
+
+/// `vmm replay` arguments.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The trace file.
+    #[arg(value_name = "FILE")]
+    pub trace: PathBuf,
+    /// Replay against this CPU model instead of the one in the trace header.
+    #[arg(long, value_name = "NAME|FILE")]
+    pub cpu_model: Option<String>,
 }
 
 /// Counting backend for the guest's performance counters.
@@ -102,10 +116,18 @@ pub struct RunArgs {
     /// Stop a guest that has not exited after this many seconds (0: never).
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     pub timeout: u64,
+    /// Precise backend: single-step every instruction instead of running straight-line blocks
+    /// between breakpoints (for measuring what block stepping gains).
+    #[arg(long)]
+    pub no_block_stepping: bool,
     /// At exit, decode the guest's PEBS buffer (IA32_DS_AREA) with vpmu's decoder and print
     /// every record.
     #[arg(long)]
     pub dump_pebs: bool,
+    /// Record every PMU MSR trap, count, overflow and PMI to FILE (vCPU 0; vCPU N writes
+    /// FILE.N) in the line format of vpmu/src/trace.rs, for `vmm replay`.
+    #[arg(long, value_name = "FILE")]
+    pub trace_msr: Option<PathBuf>,
     /// Serial console destination: `stdout` or a file path.
     #[arg(long, value_name = "stdout|FILE", default_value = "stdout", value_parser = parse_serial)]
     pub serial: SerialOut,
@@ -221,14 +243,18 @@ mod tests {
             "/tmp/x",
         ])
         .unwrap();
-        let Command::Run(a) = cli.command;
+        let Command::Run(a) = cli.command else {
+            panic!("run")
+        };
         assert_eq!(a.mem, 128 << 20);
         assert_eq!(a.vcpus, 2);
         assert_eq!(a.pmu_backend, PmuBackend::Precise);
         assert_eq!(a.serial, SerialOut::File("/tmp/x".into()));
         assert!(a.validate().is_ok());
         let cli = Cli::try_parse_from(["vmm", "run", "--kernel", "k", "--vcpus", "0"]).unwrap();
-        let Command::Run(a) = cli.command;
+        let Command::Run(a) = cli.command else {
+            panic!("run")
+        };
         assert_eq!(a.validate(), Err(CliError::BadVcpus(0)));
     }
 }

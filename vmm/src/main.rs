@@ -16,14 +16,17 @@ mod vm;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, ReplayArgs};
 use crate::exits::StopReason;
 use crate::vcpu::VcpuStop;
 use crate::vm::RunEnd;
 
 fn main() {
     let cli = Cli::parse();
-    let Command::Run(args) = cli.command;
+    let args = match cli.command {
+        Command::Run(args) => args,
+        Command::Replay(r) => std::process::exit(replay(&r)),
+    };
     if let Err(e) = args.validate() {
         eprintln!("vmm: {e}");
         std::process::exit(1);
@@ -36,6 +39,39 @@ fn main() {
         Err(e) => {
             eprintln!("vmm: {e}");
             std::process::exit(1);
+        }
+    }
+}
+
+/// `vmm replay`: 0 when the trace replays, 1 with the first divergence or a bad input.
+fn replay(r: &ReplayArgs) -> i32 {
+    let text = match std::fs::read_to_string(&r.trace) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("vmm: cannot read trace {}: {e}", r.trace.display());
+            return 1;
+        }
+    };
+    let model = match r
+        .cpu_model
+        .as_deref()
+        .map(vpmu::model::CpuModel::load)
+        .transpose()
+    {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("vmm: --cpu-model: {e}");
+            return 1;
+        }
+    };
+    match vpmu::trace::replay_text(&text, model) {
+        Ok(stats) => {
+            println!("replayed {}: {stats}", r.trace.display());
+            0
+        }
+        Err(e) => {
+            eprintln!("vmm: replay of {} diverged: {e}", r.trace.display());
+            1
         }
     }
 }

@@ -94,30 +94,39 @@ pub fn fixed_msi(apic_id: u32, vector: u8) -> kvm_msi {
 }
 
 /// Delivers one PMI to `vcpu` (called on the vCPU's own thread while it is stopped).
+///
+/// LVTPC.mask is set *before* the interrupt is sent: KVM_SET_LAPIC rewrites the whole LAPIC
+/// page, so writing it after KVM_SIGNAL_MSI would erase the IRR bit the MSI just set.
 pub fn deliver(vm: &VmFd, vcpu: &VcpuFd) -> Result<PmiResult, PmiError> {
     let mut lapic = vcpu.get_lapic().map_err(PmiError::GetLapic)?;
     let lvtpc = lapic_reg(&lapic, APIC_LVTPC);
     let r = route(lvtpc);
+    if matches!(r, PmiRoute::Masked | PmiRoute::Unsupported(_)) {
+        return Ok(PmiResult::Dropped(r));
+    }
+    let apic_id = lapic_reg(&lapic, APIC_ID) >> 24;
+    set_lapic_reg(&mut lapic, APIC_LVTPC, lvtpc | LVT_MASKED);
+    vcpu.set_lapic(&lapic).map_err(PmiError::SetLapic)?;
     let delivered = match r {
-        PmiRoute::Masked | PmiRoute::Unsupported(_) => false,
+        // Ok(0) means the LAPIC blocked it (e.g. software-disabled): a dropped PMI.
         PmiRoute::Fixed(vector) => {
-            let apic_id = lapic_reg(&lapic, APIC_ID) >> 24;
-            // Ok(0) means the LAPIC blocked it (e.g. software-disabled): a dropped PMI.
             vm.signal_msi(fixed_msi(apic_id, vector))
                 .map_err(PmiError::SignalMsi)?
                 > 0
         }
-        PmiRoute::Nmi => {
+        _ => {
             vcpu.nmi().map_err(PmiError::Nmi)?;
             true
         }
     };
-    if !delivered {
-        return Ok(PmiResult::Dropped(r));
+    if delivered {
+        return Ok(PmiResult::Delivered(r));
     }
-    set_lapic_reg(&mut lapic, APIC_LVTPC, lvtpc | LVT_MASKED);
+    // Nothing was sent: leave LVTPC as the guest programmed it.
+    let mut lapic = vcpu.get_lapic().map_err(PmiError::GetLapic)?;
+    set_lapic_reg(&mut lapic, APIC_LVTPC, lvtpc);
     vcpu.set_lapic(&lapic).map_err(PmiError::SetLapic)?;
-    Ok(PmiResult::Delivered(r))
+    Ok(PmiResult::Dropped(r))
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //! state) to vpmu, and emulates RDPMC — through the decoder while stepping, and through a
 //! hardware breakpoint on the guest's #GP handler in every mode (see `backend::rdpmc`).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::fs::File;
+use std::io::BufWriter;
 
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::VcpuFd;
@@ -13,15 +15,17 @@ use vm_memory::GuestMemoryMmap;
 use vpmu::Vpmu;
 use vpmu::backend::CountingBackend;
 use vpmu::counter::CounterId;
+use vpmu::lbr::TakenBranch;
 use vpmu::msr::IA32_DS_AREA;
 use vpmu::paging::PageWalker;
 use vpmu::pebs::decode::read_pebs_buffer;
 use vpmu::state::{EventInfo, GuestState};
+use vpmu::trace::TraceWriter;
 
 use crate::backend::debug::{DR6_B0, DR6_BS, GuestDebug};
 use crate::backend::insn::{self, MAX_INSN_LEN};
 use crate::backend::perf::{self, PerfBackend};
-use crate::backend::precise::{Outcome, Pending, Precise, Retired, outcome};
+use crate::backend::precise::{Outcome, Pending, Precise, Retired, branch_type, outcome};
 use crate::backend::rdpmc::{self, GpFrame, RDPMC_OPCODE};
 use crate::exits::{DebugExit, MsrHandler};
 use crate::guest::{self, Ram};
@@ -98,7 +102,42 @@ pub struct VcpuPmu {
     count_cpl3: bool,
     /// Overflow signals already accounted for (perf backend).
     signals_seen: u64,
+    /// Run straight-line blocks at full speed between breakpoints (precise backend).
+    block_stepping: bool,
+    /// The block running now, if any.
+    block: Option<Block>,
+    /// `--trace-msr`: the trace of this vCPU, and counts not yet written to it (aggregated
+    /// between trace events: replay adds them in one `add_counts`, which wraps the same way).
+    trace: Option<TraceWriter<BufWriter<File>>>,
+    trace_counts: BTreeMap<CounterId, u64>,
+    /// A second handle on this vCPU (a dup'ed fd) so that an MSR exit, which borrows the main
+    /// handle, can still read the guest state for an overflow found while answering it.
+    state_fd: Option<VcpuFd>,
+    /// A PMI was injected while single-stepping: the exception frame it pushed may hold the
+    /// stepping TF, which the handler's IRET would restore after stepping ends (a stray #DB in
+    /// the guest). Cleared in the frame at the handler's first step.
+    fix_pmi_frame: bool,
 }
+
+/// A straight-line run of simple instructions executed without single-step: every instruction
+/// in it retires unless execution leaves it, which only an exit we see can do.
+#[derive(Debug, Clone)]
+struct Block {
+    /// Address of each instruction, in order; the block ends at `end`.
+    ips: Vec<u64>,
+    end: u64,
+    cpl: u8,
+}
+
+/// Assists for one counter in one report before the rest is dropped.
+const MAX_REWRAPS: u32 = 64;
+/// Longest block decoded ahead.
+const MAX_BLOCK: usize = 256;
+/// RFLAGS.IF: with interrupts enabled a block could be left through an interrupt handler that
+/// nobody counts, so blocks run only with IF = 0.
+const RFLAGS_IF: u64 = 1 << 9;
+/// RFLAGS.TF.
+const RFLAGS_TF: u64 = 1 << 8;
 
 impl VcpuPmu {
     /// Wraps `vpmu` with `backend`; `mem` is guest RAM.
@@ -115,7 +154,100 @@ impl VcpuPmu {
             deferred: Vec::new(),
             count_cpl3,
             signals_seen: 0,
+            block_stepping: true,
+            block: None,
+            fix_pmi_frame: false,
+            state_fd: None,
+            trace: None,
+            trace_counts: BTreeMap::new(),
         }
+    }
+
+    /// Records every PMU MSR trap, count, overflow and PMI of this vCPU into `trace`.
+    pub fn set_trace(&mut self, trace: TraceWriter<BufWriter<File>>) {
+        self.trace = Some(trace);
+    }
+
+    /// Writes one trace event (after the aggregated counts that precede it); a trace write
+    /// error stops tracing with one message rather than stopping the guest.
+    fn trace(
+        &mut self,
+        f: impl FnOnce(&mut TraceWriter<BufWriter<File>>, &mut Vpmu) -> std::io::Result<()>,
+    ) {
+        let Some(t) = self.trace.as_mut() else { return };
+        let mut r = Ok(());
+        if !self.trace_counts.is_empty() {
+            let deltas: Vec<_> = std::mem::take(&mut self.trace_counts).into_iter().collect();
+            r = t.count(&deltas, &[]);
+        }
+        let r = r.and_then(|()| f(t, &mut self.vpmu));
+        if let Err(e) = r {
+            self.trace = None;
+            self.warn_once(
+                "trace",
+                &format!("--trace-msr: writing the trace failed ({e}); tracing stopped"),
+            );
+        }
+    }
+
+    /// Adds counts to the vPMU, noting them for the trace.
+    fn add_counts(&mut self, deltas: &[(CounterId, u64)]) -> Vec<CounterId> {
+        let wrapped = self.vpmu.add_counts(deltas);
+        if self.trace.is_some() {
+            for &(id, n) in deltas {
+                *self.trace_counts.entry(id).or_insert(0) += n;
+            }
+            if !wrapped.is_empty() {
+                let deltas: Vec<_> = std::mem::take(&mut self.trace_counts).into_iter().collect();
+                let w = wrapped.clone();
+                self.trace(|t, _| t.count(&deltas, &w));
+            }
+        }
+        wrapped
+    }
+
+    /// Flushes the trace (at the end of the run).
+    pub fn finish_trace(&mut self) {
+        self.trace(|t, _| t.flush());
+    }
+
+    /// Records a PMI the vPMU requested.
+    pub fn trace_pmi(&mut self, delivered: bool) {
+        self.trace(|t, _| t.pmi(delivered));
+    }
+
+    /// Gives the glue its own handle on the vCPU (see `state_fd`).
+    pub fn set_state_fd(&mut self, fd: VcpuFd) {
+        self.state_fd = Some(fd);
+    }
+
+    /// perf backend, inside an MSR exit: fold in the host counts and handle any wrap *before*
+    /// the access takes effect, with the program that was counting (a disabling WRMSR must not
+    /// turn a PEBS overflow that already happened into a plain one).
+    fn catch_up(&mut self) {
+        self.collect_perf();
+        if self.deferred.is_empty() {
+            return;
+        }
+        if let Some(fd) = self.state_fd.take() {
+            if let Err(e) = self.process_deferred(&fd) {
+                self.warn_once(
+                    "catch-up",
+                    &format!("handling a host counter overflow failed: {e}"),
+                );
+            }
+            self.state_fd = Some(fd);
+        }
+    }
+
+    /// A PMI was just injected (see `fix_pmi_frame`).
+    pub fn on_pmi_delivered(&mut self) {
+        self.fix_pmi_frame = self.debug.stepping;
+    }
+
+    /// Turns block stepping (precise backend) on or off; on by default.
+    pub fn set_block_stepping(&mut self, on: bool) {
+        self.block_stepping = on;
     }
 
     /// Prints `msg` once per `key` for this vCPU.
@@ -150,8 +282,8 @@ impl VcpuPmu {
         );
         if let Backend::Precise(p) = &self.backend {
             line += &format!(
-                "; precise: {} steps, {} instructions retired, {} faulted",
-                p.stats.steps, p.stats.retired, p.stats.faulted
+                "; precise: {} steps, {} blocks, {} instructions retired, {} faulted",
+                p.stats.steps, p.stats.blocks, p.stats.retired, p.stats.faulted
             );
         }
         line
@@ -181,14 +313,16 @@ impl VcpuPmu {
     /// After any PMU MSR trap: reprogram the backend if the counters changed, re-arm the #GP
     /// breakpoint if the guest's IDT changed, and apply the guest-debug state.
     pub fn sync(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+        self.finish_block(fd)?;
         self.process_deferred(fd)?;
-        self.reprogram(fd)?;
+        self.reprogram()?;
+        self.update_branch_stepping(fd)?;
         let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
         self.debug.gp_breakpoint = self.gp_handler(&sregs);
         self.apply_debug(fd)
     }
 
-    fn reprogram(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+    fn reprogram(&mut self) -> Result<(), PmuGlueError> {
         if self.programmed == Some(self.vpmu.generation()) {
             return Ok(());
         }
@@ -196,23 +330,9 @@ impl VcpuPmu {
         let programs = self.vpmu.programs();
         let mut warnings = Vec::new();
         match &mut self.backend {
-            Backend::Precise(p) => {
-                warnings = p.set_programs(programs);
-                let want = p.wants_stepping();
-                if want && !self.debug.stepping {
-                    // The instruction at RIP (the WRMSR that enabled counting, if this follows
-                    // a WRMSR exit) is the first one counted.
-                    let regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
-                    let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
-                    let pending = self.decode_at(&regs, &sregs);
-                    if let Backend::Precise(p) = &mut self.backend {
-                        p.pending = pending;
-                    }
-                } else if !want {
-                    p.pending = None;
-                }
-                self.debug.stepping = want;
-            }
+            // Stepping follows in `update_branch_stepping`: when it starts, the instruction at
+            // RIP (the WRMSR that enabled counting, after a WRMSR exit) is the first counted.
+            Backend::Precise(p) => warnings = p.set_programs(programs),
             Backend::Perf(b) => {
                 if let Err(e) = b.program(&programs) {
                     warnings.push(format!("{e}"));
@@ -232,7 +352,43 @@ impl VcpuPmu {
         Ok(())
     }
 
+    /// LBRs and BTS need every taken branch: the precise backend steps while they record even
+    /// with no counter enabled; other backends leave the entries empty and say so once.
+    fn update_branch_stepping(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+        let branches = self.vpmu.wants_branches();
+        let Backend::Precise(p) = &self.backend else {
+            if branches {
+                self.warn_once(
+                    "branches",
+                    "the guest enabled LBR/BTS branch records; they need --pmu-backend precise and stay empty here",
+                );
+            }
+            return Ok(());
+        };
+        let want = p.wants_stepping() || branches;
+        if want && !self.debug.stepping {
+            let regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
+            let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+            let pending = self.decode_at(&regs, &sregs);
+            self.set_pending(pending);
+        } else if !want {
+            self.set_pending(None);
+        }
+        self.debug.stepping = want;
+        Ok(())
+    }
+
     fn apply_debug(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+        let stepped = |d: &GuestDebug| (d.stepping && d.block_end.is_none()) || d.stepping_over;
+        if self.applied.as_ref().is_some_and(stepped) && !stepped(&self.debug) {
+            // Leaving single-step: a TF the stepping left in RFLAGS (restored by an IRET of a
+            // frame pushed while stepping) would raise #DB in the guest.
+            let mut regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
+            if regs.rflags & RFLAGS_TF != 0 {
+                regs.rflags &= !RFLAGS_TF;
+                fd.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+            }
+        }
         if self.applied != Some(self.debug) {
             fd.set_guest_debug(&self.debug.to_kvm())
                 .map_err(kvm("KVM_SET_GUEST_DEBUG"))?;
@@ -285,6 +441,13 @@ impl VcpuPmu {
 
     /// Handles a guest-debug exit.
     pub fn on_debug(&mut self, fd: &VcpuFd, d: DebugExit) -> Result<(), PmuGlueError> {
+        if self.block.is_some() {
+            self.finish_block(fd)?;
+            if d.dr6 & DR6_BS == 0 && d.dr6 & DR6_B0 == 0 {
+                // The block's own end breakpoint: nothing else happened at this exit.
+                return self.apply_debug(fd);
+            }
+        }
         let bp_hit = d.dr6 & DR6_B0 != 0 && self.debug.gp_breakpoint == Some(d.pc);
         if d.dr6 & DR6_BS != 0 {
             if self.debug.stepping_over {
@@ -309,9 +472,15 @@ impl VcpuPmu {
             return Ok(());
         };
         p.stats.steps += 1;
+        let pending = p.pending.take();
         let mut regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
         let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
-        if let Some(pend) = p.pending.take() {
+        if std::mem::take(&mut self.fix_pmi_frame) {
+            if let Some(rip) = pending.map(|p| p.insn.ip) {
+                self.clear_frame_tf(rip, &regs, &sregs);
+            }
+        }
+        if let Some(pend) = pending {
             let frame = || self.read_u64s::<2>(&sregs, regs.rsp);
             match outcome(&pend, regs.rip, frame) {
                 Outcome::Retired => {
@@ -328,9 +497,19 @@ impl VcpuPmu {
                 }
             }
         }
-        // Decode what runs next; an RDPMC is answered here and stepped over.
+        self.advance(fd, &mut regs, &sregs)
+    }
+
+    /// Decodes what runs next at `regs.rip` as the pending instruction. An RDPMC is answered
+    /// here and stepped over (it would #GP on this host); a straight-line run starts a block.
+    fn advance(
+        &mut self,
+        fd: &VcpuFd,
+        regs: &mut kvm_regs,
+        sregs: &kvm_sregs,
+    ) -> Result<(), PmuGlueError> {
         loop {
-            let next = self.decode_at(&regs, &sregs);
+            let next = self.decode_at(regs, sregs);
             match next {
                 Some(pend) if pend.insn.rdpmc => {
                     let ecx = (regs.rcx & 0xffff_ffff) as u32;
@@ -341,7 +520,7 @@ impl VcpuPmu {
                     regs.rax = value & 0xffff_ffff;
                     regs.rdx = value >> 32;
                     regs.rip = pend.insn.fallthrough();
-                    fd.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+                    fd.set_regs(regs).map_err(kvm("KVM_SET_REGS"))?;
                     let r = match &mut self.backend {
                         Backend::Precise(p) => {
                             p.stats.rdpmc += 1;
@@ -349,7 +528,7 @@ impl VcpuPmu {
                         }
                         _ => return Ok(()),
                     };
-                    self.count_retired(fd, &r, &regs, &sregs)?;
+                    self.count_retired(fd, &r, regs, sregs)?;
                     if !self.debug.stepping {
                         break;
                     }
@@ -360,13 +539,123 @@ impl VcpuPmu {
                 }
             }
         }
-        if !self.count_cpl3 && guest::cpl(&sregs) == 3 {
+        self.try_block(regs, sregs);
+        if !self.count_cpl3 && guest::cpl(sregs) == 3 {
             self.warn_once(
                 "cpl3",
                 "this host's KVM cannot single-step CPL3 code: the precise backend counts CPL0 only",
             );
         }
         Ok(())
+    }
+
+    /// Starts a block at the pending instruction if it begins a straight-line run of simple
+    /// instructions that cannot pass a counter's overflow point before its last instruction.
+    fn try_block(&mut self, regs: &kvm_regs, sregs: &kvm_sregs) {
+        let Backend::Precise(p) = &self.backend else {
+            return;
+        };
+        let Some(pend) = p.pending else { return };
+        if !self.block_stepping
+            || !pend.insn.simple
+            || regs.rflags & (RFLAGS_IF | RFLAGS_TF) != 0
+            || self.vpmu.pmi_pending()
+            || self.fix_pmi_frame
+        {
+            return;
+        }
+        // Instructions and cycles both advance by one per simple instruction; the block may end
+        // exactly on an overflow (its end exit then has the exact state) but not pass it.
+        let limit = self
+            .vpmu
+            .programs()
+            .iter()
+            .filter(|c| c.counts_at(pend.cpl) && crate::backend::precise::counts_simple(&c.event))
+            .map(|c| c.distance)
+            .min()
+            .map_or(MAX_BLOCK, |d| {
+                usize::try_from(d).unwrap_or(MAX_BLOCK).min(MAX_BLOCK)
+            });
+        let mut bytes = vec![0u8; MAX_BLOCK * 4];
+        let mut n = bytes.len();
+        while n > 0 && !self.read_linear(sregs, pend.insn.ip, &mut bytes[..n]) {
+            n = n.saturating_sub(256);
+        }
+        let bitness = if sregs.cs.l == 1 { 64 } else { 32 };
+        let (ips, end) = insn::straight_line(pend.insn.ip, &bytes[..n], bitness, limit);
+        if ips.len() < 2 {
+            return;
+        }
+        self.debug.block_end = Some(end);
+        self.block = Some(Block {
+            ips,
+            end,
+            cpl: pend.cpl,
+        });
+        self.set_pending(None);
+    }
+
+    /// Accounts for the block that ran: all of it if the vCPU stopped at its end, else the
+    /// instructions before the current RIP. Then stepping resumes at the current RIP.
+    fn finish_block(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
+        let Some(b) = self.block.take() else {
+            return Ok(());
+        };
+        self.debug.block_end = None;
+        let regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
+        let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        let done = if regs.rip == b.end {
+            b.ips.len()
+        } else if let Some(k) = b.ips.iter().position(|&ip| ip == regs.rip) {
+            k
+        } else {
+            self.warn_once(
+                "block-lost",
+                "the precise backend lost track of a straight-line block; counts may be short",
+            );
+            0
+        };
+        if done > 0 {
+            let (deltas, last_ip) = match &mut self.backend {
+                Backend::Precise(p) => {
+                    p.stats.blocks += 1;
+                    (p.block_deltas(done as u64, b.cpl), b.ips[done - 1])
+                }
+                _ => return Ok(()),
+            };
+            let wrapped = self.add_counts(&deltas);
+            if !wrapped.is_empty() {
+                let state = self.state_from(fd, &regs, &sregs)?;
+                let event = EventInfo {
+                    eventing_ip: last_ip,
+                    ..Default::default()
+                };
+                self.overflow(fd, &wrapped, &state, &event)?;
+            }
+        }
+        let mut regs = regs;
+        self.advance(fd, &mut regs, &sregs)
+    }
+
+    /// Clears TF in the RFLAGS of the PMI's interrupt frame (RIP = `rip`, CS, RFLAGS, RSP, SS)
+    /// near RSP: the handler's first instruction (now retired) may already have pushed.
+    fn clear_frame_tf(&mut self, rip: u64, regs: &kvm_regs, sregs: &kvm_sregs) {
+        const SCAN: usize = 32;
+        let Some(q) = self.read_u64s::<SCAN>(sregs, regs.rsp) else {
+            return;
+        };
+        let Some(k) =
+            (0..SCAN - 2).find(|&k| q[k] == rip && q[k + 1] <= 0xffff && q[k + 2] & 2 != 0)
+        else {
+            return;
+        };
+        let rflags = q[k + 2];
+        if rflags & RFLAGS_TF == 0 {
+            return;
+        }
+        let mut ram = Ram(&self.mem);
+        let la = regs.rsp.wrapping_add(8 * (k as u64 + 2));
+        let _ = Self::walker(sregs).write(&mut ram, la, &(rflags & !RFLAGS_TF).to_le_bytes());
     }
 
     fn set_pending(&mut self, pending: Option<Pending>) {
@@ -382,6 +671,9 @@ impl VcpuPmu {
         regs: &kvm_regs,
         sregs: &kvm_sregs,
     ) -> Result<(), PmuGlueError> {
+        if r.taken && self.vpmu.wants_branches() {
+            self.record_branch(r, sregs);
+        }
         let deltas = match &self.backend {
             Backend::Precise(p) => p.deltas(r),
             _ => return Ok(()),
@@ -389,7 +681,7 @@ impl VcpuPmu {
         if deltas.is_empty() {
             return Ok(());
         }
-        let wrapped = self.vpmu.add_counts(&deltas);
+        let wrapped = self.add_counts(&deltas);
         if wrapped.is_empty() {
             return Ok(());
         }
@@ -404,6 +696,32 @@ impl VcpuPmu {
             latency: r.latency,
         };
         self.overflow(fd, &wrapped, &state, &event)
+    }
+
+    /// Hands a retired taken branch to the LBR stack and BTS.
+    fn record_branch(&mut self, r: &Retired, sregs: &kvm_sregs) {
+        let (Some(kind), Backend::Precise(p)) = (branch_type(&r.pending.insn), &mut self.backend)
+        else {
+            return;
+        };
+        p.stats.branches += 1;
+        let br = TakenBranch {
+            from: r.pending.insn.ip,
+            to: r.next_ip,
+            kind,
+            cpl: r.pending.cpl,
+            cycles: p.stats.cycles,
+        };
+        let mut ram = Ram(&self.mem);
+        let out = self
+            .vpmu
+            .record_branch(&br, &guest::paging(sregs), &mut ram);
+        if let Some(cause) = out.bts.and_then(|b| b.dropped) {
+            self.warn_once(
+                &format!("bts-drop-{cause:?}"),
+                &format!("BTS record dropped: {cause} (logged once per cause)"),
+            );
+        }
     }
 
     fn state_from(
@@ -434,8 +752,40 @@ impl VcpuPmu {
         event: &EventInfo,
     ) -> Result<(), PmuGlueError> {
         let mut ram = Ram(&self.mem);
-        let out = self.vpmu.handle_overflow(wrapped, state, event, &mut ram);
-        self.stats.overflows += wrapped.len() as u64;
+        let mut out = self.vpmu.handle_overflow(wrapped, state, event, &mut ram);
+        if self.trace.is_some() {
+            let o = out.clone();
+            self.trace(|t, v| t.overflow(wrapped, event, &o, v));
+        }
+        let mut handled = wrapped.len() as u64;
+        // A late report (perf backend) can span several periods of a PEBS counter: one assist
+        // per wrap, bounded so that a hostile reset value (-1: a wrap per event) cannot stall
+        // the vCPU; the rest of such a burst is lost and counted as dropped.
+        let mut rounds = 0;
+        while !out.rewrapped.is_empty() {
+            let again = std::mem::take(&mut out.rewrapped);
+            rounds += 1;
+            if rounds > MAX_REWRAPS {
+                self.stats.pebs_dropped += again.len() as u64;
+                self.warn_once(
+                    "rewraps",
+                    "a PEBS counter wrapped more than 64 times in one report; the excess records were dropped",
+                );
+                break;
+            }
+            handled += again.len() as u64;
+            let mut ram = Ram(&self.mem);
+            let more = self.vpmu.handle_overflow(&again, state, event, &mut ram);
+            if self.trace.is_some() {
+                let o = more.clone();
+                self.trace(|t, v| t.overflow(&again, event, &o, v));
+            }
+            out.pmi |= more.pmi;
+            out.records_written += more.records_written;
+            out.dropped.extend(more.dropped);
+            out.rewrapped = more.rewrapped;
+        }
+        self.stats.overflows += handled;
         self.stats.pebs_records += u64::from(out.records_written);
         self.stats.pebs_dropped += out.dropped.len() as u64;
         for cause in &out.dropped {
@@ -443,7 +793,8 @@ impl VcpuPmu {
             self.warn_once(&format!("pebs-drop-{cause:?}"), &msg);
         }
         // Reloads and freezes change what counts.
-        self.reprogram(fd)?;
+        self.reprogram()?;
+        self.update_branch_stepping(fd)?;
         self.apply_debug(fd)
     }
 
@@ -453,7 +804,9 @@ impl VcpuPmu {
             return None;
         }
         self.collect_perf();
-        let v = self.vpmu.rdpmc(ecx).ok()?;
+        let r = self.vpmu.rdpmc(ecx);
+        self.trace(|t, _| t.rdpmc(ecx, &r));
+        let v = r.ok()?;
         self.stats.rdpmc += 1;
         Some(v)
     }
@@ -517,7 +870,7 @@ impl VcpuPmu {
         match b.collect() {
             Ok(reports) => {
                 for r in reports {
-                    let w = self.vpmu.add_counts(&r.deltas);
+                    let w = self.add_counts(&r.deltas);
                     for id in w {
                         if !self.deferred.contains(&id) {
                             self.deferred.push(id);
@@ -602,17 +955,19 @@ impl MsrHandler for VcpuPmu {
     fn rdmsr(&mut self, index: u32) -> Option<u64> {
         self.stats.rdmsr += 1;
         // Counting-mode reads see the host counts up to now.
-        self.collect_perf();
-        let r = self.vpmu.rdmsr(index).ok();
-        self.stats.gp += u64::from(r.is_none());
-        r
+        self.catch_up();
+        let r = self.vpmu.rdmsr(index);
+        self.trace(|t, _| t.rdmsr(index, &r));
+        self.stats.gp += u64::from(r.is_err());
+        r.ok()
     }
     fn wrmsr(&mut self, index: u32, value: u64) -> bool {
         self.stats.wrmsr += 1;
-        self.collect_perf();
-        let ok = self.vpmu.wrmsr(index, value).is_ok();
-        self.stats.gp += u64::from(!ok);
-        ok
+        self.catch_up();
+        let r = self.vpmu.wrmsr(index, value);
+        self.trace(|t, _| t.wrmsr(index, value, &r));
+        self.stats.gp += u64::from(r.is_err());
+        r.is_ok()
     }
 }
 

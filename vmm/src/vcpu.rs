@@ -55,6 +55,7 @@ impl Vcpu {
             _ => dump_registers(&self.fd),
         };
         let pebs_dump = self.dump_pebs.then(|| self.pmu.dump_pebs(&self.fd));
+        self.pmu.finish_trace();
         let _ = self.stop_tx.send(VcpuStop {
             index: self.index,
             reason,
@@ -102,10 +103,18 @@ impl Vcpu {
             return;
         }
         match pmi::deliver(&self.vm, &self.fd) {
-            Ok(PmiResult::Delivered(_)) => self.pmu.stats.pmis_delivered += 1,
-            Ok(PmiResult::Dropped(_)) => self.pmu.stats.pmis_dropped += 1,
+            Ok(PmiResult::Delivered(_)) => {
+                self.pmu.stats.pmis_delivered += 1;
+                self.pmu.on_pmi_delivered();
+                self.pmu.trace_pmi(true);
+            }
+            Ok(PmiResult::Dropped(_)) => {
+                self.pmu.stats.pmis_dropped += 1;
+                self.pmu.trace_pmi(false);
+            }
             Err(e) => {
                 self.pmu.stats.pmis_dropped += 1;
+                self.pmu.trace_pmi(false);
                 self.pmu
                     .warn_once("pmi-error", &format!("PMI delivery failed: {e}"));
             }

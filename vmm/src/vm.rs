@@ -78,6 +78,14 @@ pub enum VmError {
         /// Why.
         err: io::Error,
     },
+    /// `--trace-msr FILE` could not be created.
+    #[error("--trace-msr: cannot write {path}: {err}")]
+    TraceFile {
+        /// The path.
+        path: String,
+        /// Why.
+        err: io::Error,
+    },
     /// An OS resource (eventfd, epoll, thread) could not be created.
     #[error("{what} failed: {err}")]
     Os {
@@ -163,34 +171,54 @@ pub fn run(args: &RunArgs) -> Result<RunEnd, VmError> {
         FwCfg::new(u16::from(args.vcpus), args.mem),
     )));
 
-    let (make_backend, count_cpl3) = choose_backend(&kvm, args.pmu_backend, &model);
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    let mut fds = Vec::new();
+    for index in 0..args.vcpus {
+        let fd = vm
+            .create_vcpu(u64::from(index))
+            .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+        set_cpuid(&fd, &supported, &model, index)?;
+        boot::setup_vcpu(&fd, index, &info)?;
+        fds.push(fd);
+    }
+    let tsc_hz = guest_tsc_hz(&vm, &fds, &model);
+    let (make_backend, count_cpl3) = choose_backend(&kvm, args.pmu_backend, tsc_hz);
     let stop_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(|err| VmError::Os {
         what: "eventfd",
         err,
     })?;
     let (stop_tx, stop_rx) = mpsc::channel();
     let mut vcpus = Vec::new();
-    for index in 0..args.vcpus {
-        let fd = vm
-            .create_vcpu(u64::from(index))
-            .map_err(kvm_err("KVM_CREATE_VCPU"))?;
-        let cpuid = cpuid::for_vcpu(&supported, &model, index);
-        fd.set_cpuid2(&cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
-        boot::setup_vcpu(&fd, index, &info)?;
+    for (index, fd) in (0..args.vcpus).zip(fds) {
+        // SAFETY: dup() of a valid fd; the new fd is owned by the VcpuFd made from it.
+        let dup = unsafe { libc::dup(fd.as_raw_fd()) };
+        if dup < 0 {
+            return Err(VmError::Os {
+                what: "dup(vcpu fd)",
+                err: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `dup` is a fresh fd for the same KVM vCPU; KVM allows several handles.
+        let state_fd = unsafe { vm.create_vcpu_from_rawfd(dup) }.map_err(kvm_err("KVM vCPU fd"))?;
+        let mut pmu = VcpuPmu::new(
+            Vpmu::new(model.clone()),
+            make_backend(),
+            mem.clone(),
+            count_cpl3,
+        );
+        pmu.set_state_fd(state_fd);
+        if let Some(path) = &args.trace_msr {
+            pmu.set_trace(open_trace(path, index, &model)?);
+        }
+        pmu.set_block_stepping(!args.no_block_stepping);
         vcpus.push(Vcpu {
             index,
             fd,
             vm: Arc::clone(&vm),
             bus: Arc::clone(&bus),
-            pmu: VcpuPmu::new(
-                Vpmu::new(model.clone()),
-                make_backend(),
-                mem.clone(),
-                count_cpl3,
-            ),
+            pmu,
             stop_tx: stop_tx.clone(),
             stop_evt: stop_evt.try_clone().map_err(|err| VmError::Os {
                 what: "eventfd",
@@ -220,14 +248,13 @@ pub fn run(args: &RunArgs) -> Result<RunEnd, VmError> {
 fn choose_backend(
     kvm: &Kvm,
     choice: PmuBackend,
-    model: &CpuModel,
+    tsc_hz: u64,
 ) -> (impl Fn() -> Backend + use<>, bool) {
     let events = match choice {
         PmuBackend::Perf | PmuBackend::Auto => Some(perf::detect_host_events()),
         _ => None,
     };
     let count_cpl3 = choice == PmuBackend::Precise && probe::cpl3_single_step_works(kvm);
-    let tsc_hz = model.tsc_hz;
     let line = match (choice, events) {
         (PmuBackend::Precise, _) => format!(
             "pmu backend: precise (single-step + decode; exact counts at {})",
@@ -248,6 +275,75 @@ fn choose_backend(
         _ => Backend::Off,
     };
     (make, count_cpl3)
+}
+
+/// The `--trace-msr` file of vCPU `index` (FILE for vCPU 0, FILE.N for the others).
+fn open_trace(
+    path: &std::path::Path,
+    index: u8,
+    model: &CpuModel,
+) -> Result<vpmu::trace::TraceWriter<io::BufWriter<std::fs::File>>, VmError> {
+    let path = if index == 0 {
+        path.to_path_buf()
+    } else {
+        let mut p = path.as_os_str().to_owned();
+        p.push(format!(".{index}"));
+        p.into()
+    };
+    let err = |err| VmError::TraceFile {
+        path: path.display().to_string(),
+        err,
+    };
+    let file = std::fs::File::create(&path).map_err(err)?;
+    vpmu::trace::TraceWriter::new(io::BufWriter::new(file), &model.name, u32::from(index))
+        .map_err(err)
+}
+
+/// The rate of the guest's TSC, which the clock-backed cycle counters follow: the model's
+/// frequency where KVM can scale the guest TSC (KVM_SET_TSC_KHZ), else whatever the guest TSC
+/// runs at (the host's), so that guest cycles and RDTSC agree.
+fn guest_tsc_hz(vm: &VmFd, fds: &[kvm_ioctls::VcpuFd], model: &CpuModel) -> u64 {
+    const KVM_CAP_TSC_CONTROL: u64 = 60;
+    let khz = u32::try_from(model.tsc_hz / 1000).unwrap_or(u32::MAX);
+    // Without TSC scaling KVM may accept the value yet leave the guest TSC at the host rate
+    // (PVM does), so only trust it where the capability says scaling exists.
+    let scaled = vm.check_extension_raw(KVM_CAP_TSC_CONTROL) > 0
+        && fds.iter().all(|fd| fd.set_tsc_khz(khz).is_ok());
+    if scaled {
+        return model.tsc_hz;
+    }
+    fds.first()
+        .and_then(|fd| fd.get_tsc_khz().ok())
+        .map_or(model.tsc_hz, |k| u64::from(k) * 1000)
+}
+
+/// Sets the guest CPUID for vCPU `index`. Some hosts (PVM-based KVM) silently clear
+/// CPUID.1:EDX.DS: say so, and tell the guest through the VMM's own leaf so its tests can tell
+/// a host limit from a VMM bug.
+fn set_cpuid(
+    fd: &kvm_ioctls::VcpuFd,
+    supported: &kvm_bindings::CpuId,
+    model: &CpuModel,
+    index: u8,
+) -> Result<(), VmError> {
+    let cpuid = cpuid::for_vcpu(supported, model, index);
+    fd.set_cpuid2(&cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
+    let got = fd
+        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_CPUID2"))?;
+    let flags = if cpuid::ds_cleared(&cpuid, &got) {
+        if index == 0 {
+            eprintln!(
+                "vmm: this host's KVM clears CPUID.1:EDX.DS (Debug Store): the guest cannot see DS \
+                 (Linux needs the force-DS change in resources/linux-guest/ to use PEBS)"
+            );
+        }
+        cpuid::VPMU_FLAG_DS_CLEARED
+    } else {
+        0
+    };
+    fd.set_cpuid2(&cpuid::with_vpmu_leaf(&cpuid, flags))
+        .map_err(kvm_err("KVM_SET_CPUID2"))
 }
 
 /// Where KVM offers KVM_CAP_PMU_CAPABILITY, turn its own vPMU off so it does not compete for

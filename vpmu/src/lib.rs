@@ -12,7 +12,9 @@ pub mod model;
 pub mod msr;
 pub mod state;
 
+pub mod bts;
 pub mod ds;
+pub mod lbr;
 pub mod paging;
 pub mod pebs;
 
@@ -22,4 +24,7 @@ pub mod cpuid;
 pub mod netburst;
 pub mod pmu;
 
-pub use pmu::{MsrError, OverflowOutcome, Vpmu, trapped_msrs};
+pub mod fuzz;
+pub mod trace;
+
+pub use pmu::{BranchOutcome, MsrError, OverflowOutcome, Vpmu, trapped_msrs};

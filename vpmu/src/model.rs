@@ -447,11 +447,15 @@ impl CpuModel {
         v
     }
 
-    /// The model has LBR_INFO MSRs (LBR formats 5-7: INFO, TIME, INFO2).
+    /// The model has LBR_INFO MSRs: LBR formats 5 (INFO) and 7 (INFO2). Format 6 (TIME) keeps
+    /// its cycle count in TO_IP[63:48] and has none (SDM 17.4.8.1; Linux `intel_pmu_lbr_init`).
     pub fn has_lbr_info(&self) -> bool {
         self.lbr_depth > 0
             && self.lbr_layout == LbrLayout::Nehalem
-            && (5..=7).contains(&self.lbr_format)
+            && matches!(
+                self.lbr_format,
+                crate::msr::LBR_FORMAT_INFO | crate::msr::LBR_FORMAT_INFO2
+            )
     }
 
     /// Whether the ANY (AnyThread) bits are writable: v3+ unless deprecated.

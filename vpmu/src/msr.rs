@@ -402,6 +402,62 @@ pub const MSR_CRU_ESCR4: u32 = 0x3E0;
 /// MSR_CRU_ESCR5.
 pub const MSR_CRU_ESCR5: u32 = 0x3E1;
 
+// ---- LBR record formats, IA32_PERF_CAPABILITIES[5:0] (SDM 17.4.8.1; Linux lbr.c) ----
+/// 32-bit offsets in the current CS.
+pub const LBR_FORMAT_32: u8 = 0;
+/// 64-bit linear addresses.
+pub const LBR_FORMAT_LIP: u8 = 1;
+/// 64-bit effective addresses.
+pub const LBR_FORMAT_EIP: u8 = 2;
+/// 64-bit EIP, mispredict in FROM bit 63.
+pub const LBR_FORMAT_EIP_FLAGS: u8 = 3;
+/// 64-bit EIP, mispredict / IN_TX / ABORT in FROM bits 63:61.
+pub const LBR_FORMAT_EIP_FLAGS2: u8 = 4;
+/// 64-bit EIP; mispredict, TSX flags and cycles in MSR_LBR_INFO_x.
+pub const LBR_FORMAT_INFO: u8 = 5;
+/// 64-bit LIP, mispredict in FROM bit 63, cycles in TO bits 63:48.
+pub const LBR_FORMAT_TIME: u8 = 6;
+/// 64-bit LIP; mispredict and cycles in MSR_LBR_INFO_x (no TSX flags).
+pub const LBR_FORMAT_INFO2: u8 = 7;
+
+// ---- LBR record fields (SDM Tables 17-8, 17-14, 17-16) ----
+/// FROM_IP bit 63 (formats 3, 4, 6): the branch was mispredicted.
+pub const LBR_FROM_MISPRED: u64 = 1 << 63;
+/// FROM_IP bit 62 (format 4): the branch retired in a TSX region.
+pub const LBR_FROM_IN_TX: u64 = 1 << 62;
+/// FROM_IP bit 61 (format 4): TSX abort entry.
+pub const LBR_FROM_ABORT: u64 = 1 << 61;
+/// MSR_LBR_INFO_x bit 63: mispredicted.
+pub const LBR_INFO_MISPRED: u64 = 1 << 63;
+/// MSR_LBR_INFO_x bit 62: IN_TSX.
+pub const LBR_INFO_IN_TX: u64 = 1 << 62;
+/// MSR_LBR_INFO_x bit 61: TSX_ABORT.
+pub const LBR_INFO_ABORT: u64 = 1 << 61;
+/// MSR_LBR_INFO_x bits 15:0 (and format 6 TO_IP bits 63:48): saturating elapsed core cycles.
+pub const LBR_CYCLES_MASK: u64 = 0xFFFF;
+/// Format 6: the cycle count sits in TO_IP bits 63:48.
+pub const LBR_TO_CYCLES_SHIFT: u32 = 48;
+
+// ---- MSR_LBR_SELECT bits (SDM Tables 17-11, 17-12, 17-13): a set bit SUPPRESSES ----
+/// CPL_EQ_0: do not capture branches occurring in ring 0.
+pub const LBR_SELECT_CPL_EQ_0: u64 = 1 << 0;
+/// CPL_NEQ_0: do not capture branches occurring in ring > 0.
+pub const LBR_SELECT_CPL_NEQ_0: u64 = 1 << 1;
+/// JCC: do not capture conditional branches.
+pub const LBR_SELECT_JCC: u64 = 1 << 2;
+/// NEAR_REL_CALL: do not capture near relative calls.
+pub const LBR_SELECT_NEAR_REL_CALL: u64 = 1 << 3;
+/// NEAR_IND_CALL: do not capture near indirect calls.
+pub const LBR_SELECT_NEAR_IND_CALL: u64 = 1 << 4;
+/// NEAR_RET: do not capture near returns.
+pub const LBR_SELECT_NEAR_RET: u64 = 1 << 5;
+/// NEAR_IND_JMP: do not capture near indirect jumps (except calls and returns).
+pub const LBR_SELECT_NEAR_IND_JMP: u64 = 1 << 6;
+/// NEAR_REL_JMP: do not capture near relative jumps (except calls).
+pub const LBR_SELECT_NEAR_REL_JMP: u64 = 1 << 7;
+/// FAR_BRANCH: do not capture far branches (far jumps/calls/returns, interrupts, exceptions).
+pub const LBR_SELECT_FAR_BRANCH: u64 = 1 << 8;
+
 // ---- Non-PMU architectural MSRs the guest tests use ----
 /// IA32_APIC_BASE (SDM vol. 3A 11.4.4): bit 8 BSP, bit 11 global enable, bits 12+ base.
 pub const IA32_APIC_BASE: u32 = 0x1B;

@@ -45,14 +45,17 @@ fn caps(name: &str) -> Option<u64> {
     })
 }
 
-/// DEBUGCTL writable bits: LBR, BTF, TR (+ freeze bits v2+, SMM freeze, RTM_DEBUG); no BTS as
-/// every preset has BTS unavailable. NetBurst MSR_DEBUGCTLA: LBR, BTF, TR in bits 0-2.
+/// DEBUGCTL writable bits: LBR, BTF, TR, BTS, BTINT, BTS_OFF_OS, BTS_OFF_USR (SDM 17.4.1,
+/// Figure 17-3: BTS is emulated and every preset reports it available in MISC_ENABLE[11]),
+/// plus the freeze bits from v2, FREEZE_WHILE_SMM with PERF_CAPABILITIES[12] and RTM_DEBUG with
+/// TSX. NetBurst MSR_DEBUGCTLA: LBR, BTF, TR, BTS, BTINT, BTS_OFF_OS, BTS_OFF_USR in bits 0-6
+/// (SDM Figure 17-12).
 fn debugctl(name: &str) -> u64 {
     match name {
-        "netburst" => 0x7,
-        "core2" => 0x1843,
-        "nehalem" => 0x5843,
-        _ => 0xD843,
+        "netburst" => 0x7F,
+        "core2" => 0x1FC3,
+        "nehalem" => 0x5FC3,
+        _ => 0xDFC3,
     }
 }
 
@@ -86,9 +89,11 @@ fn expect(m: &CpuModel, i: u32) -> Expect {
     // Shared by both architectures.
     match i {
         0x1D9 => return rw(debugctl(name)),
+        // Fast strings (0), perfmon available (7); BTS_UNAVAILABLE (11) clear since BTS is
+        // emulated (SDM vol. 4 Table 2-2: "BTS_UNAVAILABLE: when clear, BTS is supported").
         0x1A0 => {
             return Misc {
-                reset: 0x881,
+                reset: 0x81,
                 ro: 0x1880,
             };
         }

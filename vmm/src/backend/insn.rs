@@ -2,8 +2,8 @@
 //! from the bytes at RIP before it executes, then completed with where execution went.
 
 use iced_x86::{
-    Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, OpAccess,
-    OpKind, Register,
+    Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
+    OpAccess, OpKind, Register,
 };
 
 /// Longest x86 instruction.
@@ -49,6 +49,9 @@ pub struct Insn {
     pub rep: bool,
     /// Target of a direct near branch (indirect branches: None).
     pub target: Option<u64>,
+    /// Straight-line, register-only and unable to fault: may run inside a block that is not
+    /// single-stepped (see `block_length`).
+    pub simple: bool,
     /// First explicit memory operand's address components, if any.
     mem: Option<MemOperand>,
 }
@@ -69,9 +72,15 @@ impl Insn {
         self.ip.wrapping_add(u64::from(self.len))
     }
 
-    /// Whether the instruction was a taken branch, given where execution continued.
+    /// Whether the instruction was a taken branch, given where execution continued. Jumps,
+    /// calls and returns are always taken, even to the next instruction (`call 1f; 1:`); only a
+    /// conditional branch can fall through.
     pub fn taken(&self, next_ip: u64) -> bool {
-        self.branch != BranchKind::None && next_ip != self.fallthrough()
+        match self.branch {
+            BranchKind::None => false,
+            BranchKind::Conditional => next_ip != self.fallthrough(),
+            _ => true,
+        }
     }
 
     /// Data linear address of the first memory operand, computed from the registers *before*
@@ -109,6 +118,72 @@ pub fn decode(ip: u64, bytes: &[u8], bitness: u32) -> Option<Insn> {
     }
     Some(classify(&i))
 }
+
+/// General-purpose integer instructions that, without a memory operand, cannot fault, trap or
+/// change control flow or privileged state (DIV/IDIV, I/O, MSR, CPUID, control-register moves and
+/// everything else stay single-stepped).
+const SIMPLE: &[Mnemonic] = &[
+    Mnemonic::Mov,
+    Mnemonic::Movzx,
+    Mnemonic::Movsx,
+    Mnemonic::Movsxd,
+    Mnemonic::Add,
+    Mnemonic::Sub,
+    Mnemonic::Adc,
+    Mnemonic::Sbb,
+    Mnemonic::And,
+    Mnemonic::Or,
+    Mnemonic::Xor,
+    Mnemonic::Not,
+    Mnemonic::Neg,
+    Mnemonic::Inc,
+    Mnemonic::Dec,
+    Mnemonic::Cmp,
+    Mnemonic::Test,
+    Mnemonic::Lea,
+    Mnemonic::Shl,
+    Mnemonic::Shr,
+    Mnemonic::Sar,
+    Mnemonic::Rol,
+    Mnemonic::Ror,
+    Mnemonic::Shld,
+    Mnemonic::Shrd,
+    Mnemonic::Imul,
+    Mnemonic::Mul,
+    Mnemonic::Nop,
+    Mnemonic::Xchg,
+    Mnemonic::Bswap,
+    Mnemonic::Bt,
+    Mnemonic::Bts,
+    Mnemonic::Btr,
+    Mnemonic::Btc,
+    Mnemonic::Cdq,
+    Mnemonic::Cqo,
+    Mnemonic::Cdqe,
+    Mnemonic::Cwde,
+    Mnemonic::Clc,
+    Mnemonic::Stc,
+    Mnemonic::Cmc,
+    Mnemonic::Cld,
+    Mnemonic::Std,
+    Mnemonic::Pause,
+    Mnemonic::Cmove,
+    Mnemonic::Cmovne,
+    Mnemonic::Cmovl,
+    Mnemonic::Cmovge,
+    Mnemonic::Cmovle,
+    Mnemonic::Cmovg,
+    Mnemonic::Cmovb,
+    Mnemonic::Cmovae,
+    Mnemonic::Cmovbe,
+    Mnemonic::Cmova,
+    Mnemonic::Sete,
+    Mnemonic::Setne,
+    Mnemonic::Setl,
+    Mnemonic::Setge,
+    Mnemonic::Setb,
+    Mnemonic::Setae,
+];
 
 fn classify(i: &Instruction) -> Insn {
     let branch = match i.flow_control() {
@@ -155,6 +230,18 @@ fn classify(i: &Instruction) -> Insn {
             _ => {}
         }
     }
+    let simple = branch == BranchKind::None
+        && !loads
+        && !stores
+        && !i.has_rep_prefix()
+        && !i.has_repne_prefix()
+        && SIMPLE.contains(&i.mnemonic())
+        && (0..i.op_count()).all(|n| {
+            i.op_kind(n) != OpKind::Register || {
+                let r = i.op_register(n);
+                !r.is_cr() && !r.is_dr() && !r.is_segment_register()
+            }
+        });
     let mem = info.used_memory().first().map(|m| MemOperand {
         seg: m.segment(),
         base: m.base(),
@@ -178,8 +265,27 @@ fn classify(i: &Instruction) -> Insn {
             OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
         )
         .then(|| i.near_branch_target()),
+        simple,
         mem,
     }
+}
+
+/// The straight-line run of simple instructions starting at `ip` (at most `max`): their
+/// addresses and the address of the first instruction after the run.
+pub fn straight_line(ip: u64, bytes: &[u8], bitness: u32, max: usize) -> (Vec<u64>, u64) {
+    let mut d = Decoder::with_ip(bitness, bytes, ip, DecoderOptions::NONE);
+    let mut ips = Vec::new();
+    let mut end = ip;
+    while ips.len() < max && d.can_decode() {
+        let i = d.decode();
+        // A truncated or invalid instruction ends the run before it.
+        if i.is_invalid() || !classify(&i).simple {
+            break;
+        }
+        ips.push(i.ip());
+        end = i.next_ip();
+    }
+    (ips, end)
 }
 
 #[cfg(test)]
@@ -204,6 +310,8 @@ mod tests {
         assert_eq!(d(&[0xff, 0xd0]).target, None);
         assert!(j.taken(0x1004));
         assert!(!j.taken(0x1002));
+        // jmp to the next instruction is still a taken branch.
+        assert!(d(&[0xeb, 0x00]).taken(0x1002));
     }
 
     #[test]
@@ -228,6 +336,40 @@ mod tests {
         assert_eq!(
             gs.data_address(|_| 0, |s| if s == Register::GS { 0x5000 } else { 0 }),
             Some(0x5010)
+        );
+    }
+
+    #[test]
+    fn simple_instructions() {
+        assert!(d(&[0x90]).simple); // nop
+        assert!(d(&[0x48, 0x01, 0xd8]).simple); // add rax, rbx
+        assert!(d(&[0x49, 0xff, 0xc8]).simple); // dec r8
+        assert!(!d(&[0x48, 0x8b, 0x03]).simple); // load
+        assert!(!d(&[0x48, 0xf7, 0xf1]).simple); // div rcx: may #DE
+        assert!(!d(&[0x0f, 0x20, 0xd8]).simple); // mov rax, cr3
+        assert!(!d(&[0x8e, 0xd8]).simple); // mov ds, ax
+        assert!(!d(&[0x75, 0x02]).simple); // jne
+        assert!(!d(&[0x0f, 0xa2]).simple); // cpuid
+        assert!(!d(&[0x50]).simple); // push: a store
+        assert!(d(&[0x48, 0x8d, 0x03]).simple); // lea rax, [rbx]: no access
+    }
+
+    #[test]
+    fn straight_line_runs() {
+        // nop; add rax, rbx; dec r8; jne; nop
+        let code = [0x90, 0x48, 0x01, 0xd8, 0x49, 0xff, 0xc8, 0x75, 0x00, 0x90];
+        assert_eq!(
+            straight_line(0x1000, &code, 64, 100),
+            (vec![0x1000, 0x1001, 0x1004], 0x1007)
+        );
+        assert_eq!(
+            straight_line(0x1000, &code, 64, 2),
+            (vec![0x1000, 0x1001], 0x1004)
+        );
+        // A run cut by the end of the readable bytes stops before the cut instruction.
+        assert_eq!(
+            straight_line(0x1000, &code[..3], 64, 100),
+            (vec![0x1000], 0x1001)
         );
     }
 

@@ -38,6 +38,13 @@ use vpmu::counter::{CounterId, CounterProgram};
 pub use super::perf_attr::HostEvents;
 use super::perf_attr::{HostAttr, HostKind, format_ghz, host_attr};
 
+/// Shortest host period after a reload. The clock counts the VMM's own overflow handling as
+/// guest time; without a floor, handling that takes longer than the guest's period (a loaded
+/// host, a debug build) would re-arm the event for "now" after every overflow and starve the
+/// guest in a signal storm. The floor (in host units: ns for the clock) lets the guest run at
+/// least this long between overflows, like the host kernel's own sample-rate throttling.
+const MIN_PERIOD: u64 = 50_000;
+
 /// fcntl(2) commands missing from libc 0.2 (include/uapi/asm-generic/fcntl.h).
 const F_SETSIG: c_int = 10;
 /// Set the owner as a thread/process/group (`struct f_owner_ex`).
@@ -142,10 +149,16 @@ extern "C" fn on_overflow_signal(_: c_int, _: *mut siginfo_t, _: *mut c_void) {
 /// Installs the (process-wide) overflow signal handler once. Without it an overflow signal
 /// would kill the process (the default action of real-time signals), so the backend calls
 /// this before it arms any sampling event.
+///
+/// SIGIO gets the same handler: when the kernel cannot queue the real-time signal it falls back
+/// to plain SIGIO (fs/fcntl.c `send_sigio_to_task`), whose default action would kill the VMM.
 pub fn install_overflow_handler() -> Result<(), PerfError> {
     static INSTALLED: OnceLock<Result<(), vmm_sys_util::errno::Error>> = OnceLock::new();
-    (*INSTALLED.get_or_init(|| register_signal_handler(overflow_signal(), on_overflow_signal)))
-        .map_err(PerfError::Handler)
+    (*INSTALLED.get_or_init(|| {
+        register_signal_handler(overflow_signal(), on_overflow_signal)?;
+        register_signal_handler(libc::SIGIO, on_overflow_signal)
+    }))
+    .map_err(PerfError::Handler)
 }
 
 /// Whether the host has a hardware PMU usable for guest counting: it does iff it opens a
@@ -360,12 +373,21 @@ impl PerfBackend {
             };
             let counter = match old.remove(&id) {
                 Some(mut c) if c.attr.same_event(&attr) => {
-                    if c.attr.sample_period != attr.sample_period {
-                        c.set_period(id, attr.sample_period).map_err(fail)?;
+                    // The caller collected at this exit; what the host counted since is this
+                    // exit's handling, which the clock counts as guest time (module comment of
+                    // `perf_attr`). It stays unreported, so the next collect adds it to the new
+                    // value: dropping it lost the whole overflow handling (tens to hundreds of
+                    // µs per PEBS record) and made sampled counters run ~10 % slow. The signal
+                    // must then come that much sooner, and always from now: the host restarts
+                    // its period at the ioctl, so it is set even when unchanged.
+                    if attr.sample_period > 0 {
+                        let pending = c.read(id).map_err(fail)?.saturating_sub(c.base);
+                        let period = attr
+                            .sample_period
+                            .saturating_sub(pending)
+                            .max(MIN_PERIOD.min(attr.sample_period));
+                        c.set_period(id, period).map_err(fail)?;
                     }
-                    // The caller collected at this exit; counts since then belong to the old
-                    // configuration (e.g. before a WRMSR to the counter) and are dropped.
-                    c.base = c.read(id).map_err(fail)?;
                     c
                 }
                 _ => HostCounter::open(id, attr, tid).map_err(fail)?,
@@ -559,6 +581,19 @@ mod tests {
         burn(Duration::from_millis(10));
         assert_eq!(overflow_signals_on_this_thread(), closed);
         assert!(b.collect().unwrap().is_empty());
+    }
+
+    #[test]
+    fn reprogramming_keeps_the_counts_since_the_last_collect() {
+        let id = CounterId::Gp(0);
+        let mut b = PerfBackend::new(HostEvents::Clock, TSC);
+        b.program(&[cycles(id, 1 << 40, true)]).unwrap();
+        b.collect().unwrap();
+        // Exit handling between a collect and the reprogramming it causes is guest time.
+        burn(Duration::from_millis(10));
+        b.program(&[cycles(id, 1 << 39, true)]).unwrap();
+        let got = total(&b.collect().unwrap(), id);
+        assert!(got >= 10 * TSC / 1000, "{got} ticks after 10 ms");
     }
 
     #[test]

@@ -29,6 +29,12 @@
 //! instruction's fall-through or branch target, the exception frame at the new RSP tells a
 //! fault (saved RIP = the instruction) from an interrupt or trap after it.
 //!
+//! Block stepping: where the next instructions form a straight-line run of register-only
+//! instructions that cannot fault (`Insn::simple`) and interrupts are off, the run executes at
+//! full speed up to a hardware breakpoint on the first instruction after it, and retires as a
+//! whole (one instruction and one cycle each). A block never runs past a counter's overflow
+//! point, so overflows keep their exact instruction and state.
+//!
 //! Limits: on hosts where guest debug cannot see CPL3 (PVM-based KVM), CPL3 instructions are
 //! not counted (a warning says so once), and the CPL0 instructions that run between a return to
 //! CPL3 and the next VM exit are missed too. EDGE, INV and CMASK are not evaluated (each
@@ -37,6 +43,7 @@
 use std::collections::HashSet;
 
 use vpmu::counter::{CounterId, CounterProgram, Event};
+use vpmu::lbr::BranchType;
 
 use super::insn::{BranchKind, Insn};
 
@@ -149,6 +156,12 @@ pub struct PreciseStats {
     pub faulted: u64,
     /// RDPMCs emulated by the decoder.
     pub rdpmc: u64,
+    /// Straight-line blocks run between breakpoints instead of stepped.
+    pub blocks: u64,
+    /// Core cycles of the cost model since the backend started (the LBR cycle timestamps).
+    pub cycles: u64,
+    /// Taken branches handed to the LBR stack / BTS.
+    pub branches: u64,
 }
 
 /// The precise backend's state for one vCPU.
@@ -161,6 +174,31 @@ pub struct Precise {
     warned: HashSet<String>,
     /// Statistics.
     pub stats: PreciseStats,
+}
+
+/// The LBR/BTS branch type of a taken branch, from the decoder's class and whether it was
+/// direct (has a decoded target).
+pub fn branch_type(insn: &Insn) -> Option<BranchType> {
+    let direct = insn.target.is_some();
+    Some(match insn.branch {
+        BranchKind::None => return None,
+        BranchKind::Conditional => BranchType::Conditional,
+        BranchKind::Jump if direct => BranchType::NearRelJmp,
+        BranchKind::Jump => BranchType::NearIndJmp,
+        BranchKind::NearCall if direct => BranchType::NearRelCall,
+        BranchKind::NearCall => BranchType::NearIndCall,
+        BranchKind::NearReturn => BranchType::NearRet,
+        BranchKind::Far => BranchType::Far,
+    })
+}
+
+/// Whether `event` advances on a simple (register-only, non-branch) instruction: those are the
+/// counters a straight-line block must not run past.
+pub fn counts_simple(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::InstructionsRetired | Event::CoreCycles | Event::RefCycles
+    )
 }
 
 /// Whether the precise backend can count `event`.
@@ -247,6 +285,18 @@ impl Precise {
             latency,
             data_source,
         }
+    }
+
+    /// Events each counter counts for `n` retired simple instructions at `cpl` (a block): one
+    /// instruction and one cycle each; nothing else.
+    pub fn block_deltas(&mut self, n: u64, cpl: u8) -> Vec<(CounterId, u64)> {
+        self.stats.retired += n;
+        self.stats.cycles += n;
+        self.programs
+            .iter()
+            .filter(|p| p.counts_at(cpl) && counts_simple(&p.event))
+            .map(|p| (p.id, n))
+            .collect()
     }
 
     /// Events each counter counts for one retired instruction.
@@ -353,6 +403,40 @@ mod tests {
                 (CounterId::Fixed(1), 2)
             ]
         );
+    }
+
+    #[test]
+    fn block_counts_instructions_and_cycles_only() {
+        let mut p = Precise::default();
+        p.set_programs(vec![
+            prog(CounterId::Gp(0), Event::InstructionsRetired, false, true),
+            prog(
+                CounterId::Gp(1),
+                Event::BranchesRetired { umask: 0 },
+                true,
+                true,
+            ),
+            prog(CounterId::Fixed(2), Event::RefCycles, true, true),
+        ]);
+        assert_eq!(
+            p.block_deltas(7, 0),
+            vec![(CounterId::Gp(0), 7), (CounterId::Fixed(2), 7)]
+        );
+        assert_eq!(p.block_deltas(7, 3), vec![(CounterId::Fixed(2), 7)]);
+        assert_eq!(p.stats.retired, 14);
+    }
+
+    #[test]
+    fn branch_types() {
+        let t = |b: &[u8]| branch_type(&decode(0x1000, b, 64).unwrap());
+        assert_eq!(t(&[0x75, 0x02]), Some(BranchType::Conditional));
+        assert_eq!(t(&[0xeb, 0x00]), Some(BranchType::NearRelJmp));
+        assert_eq!(t(&[0xff, 0xe0]), Some(BranchType::NearIndJmp)); // jmp rax
+        assert_eq!(t(&[0xe8, 0, 0, 0, 0]), Some(BranchType::NearRelCall));
+        assert_eq!(t(&[0xff, 0xd0]), Some(BranchType::NearIndCall));
+        assert_eq!(t(&[0xc3]), Some(BranchType::NearRet));
+        assert_eq!(t(&[0x48, 0xcf]), Some(BranchType::Far));
+        assert_eq!(t(&[0x90]), None);
     }
 
     #[test]

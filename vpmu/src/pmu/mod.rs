@@ -16,6 +16,9 @@
 //!   ("streamlined freeze", SDM 18.2.4.1); v2/v3 clear IA32_PERF_GLOBAL_CTRL (SDM 17.4.7).
 //!   FREEZE_LBRS_ON_PMI likewise sets LBR_Frz (v4+) or clears DEBUGCTL.LBR.
 //! - IA32_PERF_GLOBAL_CTRL resets to the GP enable bits (SDM: "sets bits n-1:0"), as KVM does.
+//! - Branch records ([`Vpmu::record_branch`], fed by the precise backend): the LBR stack
+//!   ([`crate::lbr`]) records while DEBUGCTL.LBR is set and LBR_Frz is clear; BTS
+//!   ([`crate::bts`]) stores through the DS area and requests a PMI at its threshold with BTINT.
 
 mod regs;
 mod trap;
@@ -27,13 +30,15 @@ pub use regs::Reg;
 pub use trap::trapped_msrs;
 
 use crate::backend::{BackendError, CountingBackend};
+use crate::bts::{self, BtsControl, BtsOutcome};
 use crate::counter::{CounterId, CounterProgram, decode_evtsel, distance_to_overflow, fixed_event};
+use crate::lbr::{LbrAction, LbrStack, TakenBranch};
 use crate::mem::GuestMemory;
 use crate::model::{CpuModel, PebsFormat, PmuArch, low_bits};
 use crate::msr::*;
 use crate::netburst::NetburstPmu;
 use crate::pebs::{AssistRequest, DropCause, assist};
-use crate::state::{EventInfo, GuestState, LbrEntry};
+use crate::state::{EventInfo, GuestState, LbrEntry, PagingRegs};
 
 /// Why an MSR access or RDPMC faults (#GP).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
@@ -74,14 +79,16 @@ struct GpCounter {
     evtsel: u64,
 }
 
-/// LBR MSR storage (filled by a later issue; here read/write-back only).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct LbrState {
-    select: u64,
-    tos: u64,
-    from: Vec<u64>,
-    to: Vec<u64>,
-    info: Vec<u64>,
+/// What [`Vpmu::record_branch`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BranchOutcome {
+    /// What the LBR stack did; `None` when LBRs are disabled, frozen or absent.
+    pub lbr: Option<LbrAction>,
+    /// The BTS store; `None` when BTS does not store this branch (controls, CPL).
+    pub bts: Option<BtsOutcome>,
+    /// A PMI is requested (BTS threshold with BTINT); also latched for
+    /// [`Vpmu::take_pmi_request`].
+    pub pmi: bool,
 }
 
 /// What [`Vpmu::handle_overflow`] did.
@@ -95,6 +102,10 @@ pub struct OverflowOutcome {
     pub dropped: Vec<DropCause>,
     /// Counters that wrapped and went through the PEBS assist (status-bit layout).
     pub pebs_counters: u64,
+    /// PEBS counters whose reload plus the events they counted after the wrap passed the
+    /// overflow point again (a backend that reports late, across more than one period): each
+    /// such wrap is another assist, so the caller hands them to `handle_overflow` again.
+    pub rewrapped: Vec<CounterId>,
 }
 
 impl OverflowOutcome {
@@ -103,6 +114,7 @@ impl OverflowOutcome {
         self.records_written += other.records_written;
         self.dropped.extend(other.dropped);
         self.pebs_counters |= other.pebs_counters;
+        self.rewrapped.extend(other.rewrapped);
     }
 }
 
@@ -123,7 +135,7 @@ pub struct Vpmu {
     pebs_ld_lat: u64,
     pebs_frontend: u64,
     pebs_matrix_vert: u64,
-    lbr: LbrState,
+    lbr: LbrStack,
     netburst: NetburstPmu,
     generation: u64,
     pmi_pending: bool,
@@ -136,7 +148,6 @@ pub struct Vpmu {
 impl Vpmu {
     /// A vPMU in its post-RESET state. `model` should have passed [`CpuModel::validate`].
     pub fn new(model: CpuModel) -> Vpmu {
-        let depth = usize::from(model.lbr_depth);
         let global_ctrl = if model.pmu_version >= 2 {
             model.gp_counter_mask()
         } else {
@@ -157,12 +168,7 @@ impl Vpmu {
             pebs_ld_lat: 0,
             pebs_frontend: 0,
             pebs_matrix_vert: 0,
-            lbr: LbrState {
-                from: vec![0; depth],
-                to: vec![0; depth],
-                info: vec![0; depth],
-                ..LbrState::default()
-            },
+            lbr: LbrStack::new(model.lbr_depth),
             netburst: NetburstPmu::default(),
             generation: 1,
             pmi_pending: false,
@@ -185,6 +191,11 @@ impl Vpmu {
     /// reloads, freezes): a backend reprograms when it changes.
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Whether a PMI is requested and not yet taken.
+    pub fn pmi_pending(&self) -> bool {
+        self.pmi_pending
     }
 
     /// Returns whether a PMI was requested since the last call, and clears the request.
@@ -217,11 +228,11 @@ impl Vpmu {
             Reg::PebsLdLat => self.pebs_ld_lat,
             Reg::PebsFrontend => self.pebs_frontend,
             Reg::PebsMatrixVert => self.pebs_matrix_vert,
-            Reg::LbrSelect => self.lbr.select,
-            Reg::LbrTos => self.lbr.tos,
-            Reg::LbrFrom(n) => self.lbr.from[usize::from(n)],
-            Reg::LbrTo(n) => self.lbr.to[usize::from(n)],
-            Reg::LbrInfo(n) => self.lbr.info[usize::from(n)],
+            Reg::LbrSelect => self.lbr.select(),
+            Reg::LbrTos => self.lbr.tos(),
+            Reg::LbrFrom(n) => self.lbr.from_ip(n),
+            Reg::LbrTo(n) => self.lbr.to_ip(n),
+            Reg::LbrInfo(n) => self.lbr.info(n),
             Reg::NbCounter(n) => self.netburst.counters[usize::from(n)],
             Reg::NbCccr(n) => self.netburst.cccrs[usize::from(n)],
             Reg::NbEscr(msr) => self.netburst.escr(msr),
@@ -278,11 +289,15 @@ impl Vpmu {
             Reg::PebsLdLat => self.pebs_ld_lat = check(PEBS_LD_LAT_MASK)?,
             Reg::PebsFrontend => self.pebs_frontend = check(PEBS_FRONTEND_MASK)?,
             Reg::PebsMatrixVert => self.pebs_matrix_vert = check(NETBURST_MATRIX_VERT_MASK)?,
-            Reg::LbrSelect => self.lbr.select = check(regs::lbr_select_mask(m))?,
-            Reg::LbrTos => self.lbr.tos = check(regs::lbr_tos_mask(m))?,
-            Reg::LbrFrom(n) => self.lbr.from[usize::from(n)] = value,
-            Reg::LbrTo(n) => self.lbr.to[usize::from(n)] = value,
-            Reg::LbrInfo(n) => self.lbr.info[usize::from(n)] = value,
+            Reg::LbrSelect => self.lbr.set_select(check(regs::lbr_select_mask(m))?),
+            Reg::LbrTos => self.lbr.set_tos(check(regs::lbr_tos_mask(m))?),
+            // The entries take any value, as Linux's save/restore of task stacks needs; the
+            // SDM documents no #GP condition for them. (Linux's LBR_FORMAT_EIP_FLAGS2 quirk
+            // implies format-4 parts without TSX fault on FROM values whose bits 62:61 are not
+            // sign extension; no preset is such a part.)
+            Reg::LbrFrom(n) => self.lbr.set_from_ip(n, value),
+            Reg::LbrTo(n) => self.lbr.set_to_ip(n, value),
+            Reg::LbrInfo(n) => self.lbr.set_info(n, value),
             Reg::NbCounter(n) => {
                 self.netburst.counters[usize::from(n)] =
                     check(low_bits(u32::from(NETBURST_COUNTER_WIDTH)))?;
@@ -525,20 +540,62 @@ impl Vpmu {
         wrapped
     }
 
-    /// The LBR stack, newest first, from the LBR MSRs.
-    fn lbr_entries(&self) -> Vec<LbrEntry> {
-        let depth = self.lbr.from.len();
-        (0..depth)
-            .map(|k| {
-                let tos = usize::try_from(self.lbr.tos).unwrap_or(0);
-                let i = (tos + depth - k) % depth;
-                LbrEntry {
-                    from: self.lbr.from[i],
-                    to: self.lbr.to[i],
-                    info: self.lbr.info[i],
-                }
-            })
-            .collect()
+    /// The LBR stack, newest (TOS) first, as raw MSR values: every entry of the model's depth
+    /// (empty without LBRs).
+    pub fn lbr_entries(&self) -> Vec<LbrEntry> {
+        self.lbr.entries_newest_first()
+    }
+
+    /// The LBR stack records: DEBUGCTL.LBR set, not frozen by LBR_Frz (v4+), and the model
+    /// has LBRs.
+    fn lbr_recording(&self) -> bool {
+        let frozen = self.model.arch == PmuArch::Architectural
+            && self.model.pmu_version >= 4
+            && self.global_status & GLOBAL_STATUS_LBR_FRZ != 0;
+        self.model.lbr_depth > 0 && self.debugctl & DEBUGCTL_LBR != 0 && !frozen
+    }
+
+    fn bts_control(&self) -> BtsControl {
+        if !self.model.ds {
+            return BtsControl::default();
+        }
+        BtsControl::from_debugctl(self.model.arch, self.debugctl)
+    }
+
+    /// Whether [`Vpmu::record_branch`] would do anything: the LBR stack records or BTS
+    /// stores. The backend may skip the call (and its cost) when this is false.
+    pub fn wants_branches(&self) -> bool {
+        self.lbr_recording() || self.bts_control().active()
+    }
+
+    /// One taken branch (or interrupt/exception delivery) retired, as the precise backend
+    /// decoded it: pushes it on the LBR stack when LBRs record (MSR_LBR_SELECT filtering,
+    /// call-stack mode), and stores a BTS record when TR and BTS are set and the CPL is not
+    /// excluded, translating the DS area through `paging`. A BTS threshold PMI is latched
+    /// and applies the freeze-on-PMI controls like any PMI.
+    pub fn record_branch(
+        &mut self,
+        br: &TakenBranch,
+        paging: &PagingRegs,
+        mem: &mut dyn GuestMemory,
+    ) -> BranchOutcome {
+        let lbr = self
+            .lbr_recording()
+            .then(|| self.lbr.record(self.model.lbr_format, br));
+        let ctl = self.bts_control();
+        let bts = ctl.stores(br.cpl).then(|| {
+            // The model emulates no branch predictor: every branch was predicted.
+            let predicted = bts::predicted_flag_supported(&self.model);
+            let rec = bts::encode_record(br.from, br.to, predicted);
+            bts::store(mem, paging, self.ds_area, &rec, ctl.btint)
+        });
+        let pmi = bts.is_some_and(|o| o.threshold_reached);
+        if pmi {
+            self.pmi_pending = true;
+            self.freeze_on_pmi();
+            self.generation += 1;
+        }
+        BranchOutcome { lbr, bts, pmi }
     }
 
     /// Handles counters that wrapped at the moment described by `state` / `event`: sets
@@ -672,8 +729,15 @@ impl Vpmu {
             if !wrapped.contains(&id) {
                 continue;
             }
-            // Events counted after the wrap carry over onto the reloaded value.
+            // Events counted after the wrap carry over onto the reloaded value; if they reach
+            // the overflow point again, that is another wrap.
             let after_wrap = self.counter_value(id).unwrap_or(0);
+            let mask = low_bits(u32::from(self.width(id)));
+            if u128::from(reset & mask) + u128::from(after_wrap) > u128::from(mask)
+                && !out.rewrapped.contains(&id)
+            {
+                out.rewrapped.push(id);
+            }
             self.set_counter(id, reset.wrapping_add(after_wrap));
         }
         if result.written {
