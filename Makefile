@@ -14,7 +14,7 @@ VMM_ARGS     ?=
 
 help:
 	@echo "make run     boot the demo guest with virtual PEBS (VMM_ARGS=... adds vmm run flags)"
-	@echo "make test    format check, clippy -D warnings, unit tests, guest tests"
+	@echo "make test    format check, clippy -D warnings, unit tests, guest tests, Linux guest (skylake)"
 	@echo "make guests  build the no_std guest programs"
 	@echo "make bench   benchmarks (see README)"
 	@echo "make linux-guest  build the guest Linux kernel (resources/linux-guest/; first build ~6 min)"
@@ -53,7 +53,7 @@ clippy: deps
 unit: deps
 	cargo test --workspace
 
-test: deps fmt-check clippy unit
+test: deps fmt-check clippy linux-guest unit
 
 # Fuzzing (see fuzz/Cargo.toml): each libFuzzer target for FUZZ_SECS seconds, with overflow
 # checks, seeded from fuzz/corpus/<target>/ (traces from `vmm run --trace-msr` dropped into
@@ -83,14 +83,15 @@ fuzz:
 
 # Guest Linux kernel from Debian's linux-source-6.12 (resources/linux-guest/README.md), built in
 # target/linux-guest/; rebuilds are incremental. linux-test boots it on each preset CPU model
-# with PEBS (fmt0-fmt5) and requires the kernel's own perf driver and self-test to pass; without
-# a built kernel, vmm/tests/linux.rs skips.
+# with PEBS (fmt0-fmt5) and requires the kernel's own perf driver and self-test to pass. `make
+# test` builds the kernel too, and its `cargo test` boots skylake only (VMM_LINUX_MODELS unset);
+# without a built kernel, vmm/tests/linux.rs skips.
 .PHONY: linux-guest linux-test
 linux-guest:
 	bash resources/linux-guest/build.sh
 
 linux-test: deps linux-guest
-	cargo test -p vmm --test linux -- --nocapture
+	VMM_LINUX_MODELS=all cargo test -p vmm --test linux -- --nocapture
 
 # Benchmarks (README "Performance"): vpmu handler, assist and page-walk times with criterion,
 # then the end-to-end figures through the bench guest; one table, also in target/bench/results.json.

@@ -22,7 +22,13 @@ use crate::vcpu::VcpuStop;
 use crate::vm::RunEnd;
 
 fn main() {
-    let cli = Cli::parse();
+    // Bad flags exit with status 1 like every other user mistake (clap's default is 2); help
+    // and version still exit 0.
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        let code = if e.use_stderr() { 1 } else { 0 };
+        let _ = e.print();
+        std::process::exit(code);
+    });
     let args = match cli.command {
         Command::Run(args) => args,
         Command::Replay(r) => std::process::exit(replay(&r)),

@@ -110,6 +110,10 @@ pub struct VcpuPmu {
     /// between trace events: replay adds them in one `add_counts`, which wraps the same way).
     trace: Option<TraceWriter<BufWriter<File>>>,
     trace_counts: BTreeMap<CounterId, u64>,
+    /// KVM_CAP_SYNC_REGS is on for this vCPU.
+    sync_regs: bool,
+    /// The registers in kvm_run are those of the current exit.
+    regs_fresh: bool,
     /// A second handle on this vCPU (a dup'ed fd) so that an MSR exit, which borrows the main
     /// handle, can still read the guest state for an overflow found while answering it.
     state_fd: Option<VcpuFd>,
@@ -158,6 +162,8 @@ impl VcpuPmu {
             block: None,
             fix_pmi_frame: false,
             state_fd: None,
+            sync_regs: false,
+            regs_fresh: false,
             trace: None,
             trace_counts: BTreeMap::new(),
         }
@@ -214,6 +220,42 @@ impl VcpuPmu {
     /// Records a PMI the vPMU requested.
     pub fn trace_pmi(&mut self, delivered: bool) {
         self.trace(|t, _| t.pmi(delivered));
+    }
+
+    /// KVM copies the registers into kvm_run at every exit (KVM_CAP_SYNC_REGS, enabled by the
+    /// VMM with `kvm_valid_regs`): reading them there saves two ioctls per single-step.
+    pub fn enable_sync_regs(&mut self) {
+        self.sync_regs = true;
+    }
+
+    /// Called after every KVM_RUN: the kvm_run copy is fresh after an exit, not after EINTR.
+    pub fn after_run(&mut self, exited: bool) {
+        self.regs_fresh = self.sync_regs && exited;
+    }
+
+    fn regs(&self, fd: &VcpuFd) -> Result<kvm_regs, PmuGlueError> {
+        if self.regs_fresh {
+            return Ok(fd.sync_regs().regs);
+        }
+        fd.get_regs().map_err(kvm("KVM_GET_REGS"))
+    }
+
+    fn sregs(&self, fd: &VcpuFd) -> Result<kvm_sregs, PmuGlueError> {
+        if self.regs_fresh {
+            return Ok(fd.sync_regs().sregs);
+        }
+        fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))
+    }
+
+    fn set_regs(&mut self, fd: &VcpuFd, regs: &kvm_regs) -> Result<(), PmuGlueError> {
+        // The kvm_run copy no longer matches: read through the ioctls until the next exit.
+        self.regs_fresh = false;
+        fd.set_regs(regs).map_err(kvm("KVM_SET_REGS"))
+    }
+
+    fn set_sregs(&mut self, fd: &VcpuFd, sregs: &kvm_sregs) -> Result<(), PmuGlueError> {
+        self.regs_fresh = false;
+        fd.set_sregs(sregs).map_err(kvm("KVM_SET_SREGS"))
     }
 
     /// Gives the glue its own handle on the vCPU (see `state_fd`).
@@ -317,7 +359,7 @@ impl VcpuPmu {
         self.process_deferred(fd)?;
         self.reprogram()?;
         self.update_branch_stepping(fd)?;
-        let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        let sregs = self.sregs(fd)?;
         self.debug.gp_breakpoint = self.gp_handler(&sregs);
         self.apply_debug(fd)
     }
@@ -367,8 +409,8 @@ impl VcpuPmu {
         };
         let want = p.wants_stepping() || branches;
         if want && !self.debug.stepping {
-            let regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
-            let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+            let regs = self.regs(fd)?;
+            let sregs = self.sregs(fd)?;
             let pending = self.decode_at(&regs, &sregs);
             self.set_pending(pending);
         } else if !want {
@@ -383,10 +425,10 @@ impl VcpuPmu {
         if self.applied.as_ref().is_some_and(stepped) && !stepped(&self.debug) {
             // Leaving single-step: a TF the stepping left in RFLAGS (restored by an IRET of a
             // frame pushed while stepping) would raise #DB in the guest.
-            let mut regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
+            let mut regs = self.regs(fd)?;
             if regs.rflags & RFLAGS_TF != 0 {
                 regs.rflags &= !RFLAGS_TF;
-                fd.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+                self.set_regs(fd, &regs)?;
             }
         }
         if self.applied != Some(self.debug) {
@@ -460,7 +502,7 @@ impl VcpuPmu {
         if bp_hit && !self.debug.stepping_over {
             self.on_gp_handler(fd)?;
         }
-        let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        let sregs = self.sregs(fd)?;
         self.debug.gp_breakpoint = self.gp_handler(&sregs);
         self.apply_debug(fd)
     }
@@ -473,8 +515,8 @@ impl VcpuPmu {
         };
         p.stats.steps += 1;
         let pending = p.pending.take();
-        let mut regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
-        let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        let mut regs = self.regs(fd)?;
+        let sregs = self.sregs(fd)?;
         if std::mem::take(&mut self.fix_pmi_frame) {
             if let Some(rip) = pending.map(|p| p.insn.ip) {
                 self.clear_frame_tf(rip, &regs, &sregs);
@@ -520,7 +562,7 @@ impl VcpuPmu {
                     regs.rax = value & 0xffff_ffff;
                     regs.rdx = value >> 32;
                     regs.rip = pend.insn.fallthrough();
-                    fd.set_regs(regs).map_err(kvm("KVM_SET_REGS"))?;
+                    self.set_regs(fd, regs)?;
                     let r = match &mut self.backend {
                         Backend::Precise(p) => {
                             p.stats.rdpmc += 1;
@@ -602,8 +644,8 @@ impl VcpuPmu {
             return Ok(());
         };
         self.debug.block_end = None;
-        let regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
-        let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        let regs = self.regs(fd)?;
+        let sregs = self.sregs(fd)?;
         let done = if regs.rip == b.end {
             b.ips.len()
         } else if let Some(k) = b.ips.iter().position(|&ip| ip == regs.rip) {
@@ -814,8 +856,8 @@ impl VcpuPmu {
     /// The breakpoint on the guest's #GP handler fired: emulate a faulting RDPMC, or let the
     /// handler run.
     fn on_gp_handler(&mut self, fd: &VcpuFd) -> Result<(), PmuGlueError> {
-        let regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
-        let mut sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        let regs = self.regs(fd)?;
+        let mut sregs = self.sregs(fd)?;
         let emulated = (|| {
             let q = self.read_u64s::<6>(&sregs, regs.rsp)?;
             let frame = GpFrame::parse(&q);
@@ -839,9 +881,9 @@ impl VcpuPmu {
             let ss = self.descriptor(&sregs, frame.ss)?;
             sregs.cs = cs;
             sregs.ss = ss;
-            fd.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
+            self.set_sregs(fd, &sregs)?;
         }
-        fd.set_regs(&new).map_err(kvm("KVM_SET_REGS"))
+        self.set_regs(fd, &new)
     }
 
     fn descriptor(
@@ -890,8 +932,8 @@ impl VcpuPmu {
             return Ok(());
         }
         let wrapped = std::mem::take(&mut self.deferred);
-        let regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
-        let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        let regs = self.regs(fd)?;
+        let sregs = self.sregs(fd)?;
         let state = self.state_from(fd, &regs, &sregs)?;
         // The host cannot say which instruction overflowed: the state at this exit stands in
         // for it (the skid documented in backend::perf).
@@ -930,7 +972,7 @@ impl VcpuPmu {
         if ds == 0 {
             return "no DS area programmed (IA32_DS_AREA = 0)\n".to_string();
         }
-        let sregs = match fd.get_sregs() {
+        let sregs = match self.sregs(fd) {
             Ok(s) => s,
             Err(e) => return format!("cannot read the guest's paging state: {e}\n"),
         };

@@ -75,7 +75,9 @@ impl Vcpu {
                 return StopReason::Unhandled(format!("vPMU: {e}"));
             }
             self.deliver_pending_pmi();
-            let action = match self.fd.run() {
+            let run = self.fd.run();
+            self.pmu.after_run(run.is_ok());
+            let action = match run {
                 Ok(exit) => handle_exit(exit, &self.bus, &mut self.pmu),
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     self.fd.set_kvm_immediate_exit(0);

@@ -191,7 +191,12 @@ pub fn run(args: &RunArgs) -> Result<RunEnd, VmError> {
     })?;
     let (stop_tx, stop_rx) = mpsc::channel();
     let mut vcpus = Vec::new();
-    for (index, fd) in (0..args.vcpus).zip(fds) {
+    let sync_regs = kvm.check_extension(kvm_ioctls::Cap::SyncRegs);
+    for (index, mut fd) in (0..args.vcpus).zip(fds) {
+        if sync_regs {
+            fd.set_sync_valid_reg(kvm_ioctls::SyncReg::Register);
+            fd.set_sync_valid_reg(kvm_ioctls::SyncReg::SystemRegister);
+        }
         // SAFETY: dup() of a valid fd; the new fd is owned by the VcpuFd made from it.
         let dup = unsafe { libc::dup(fd.as_raw_fd()) };
         if dup < 0 {
@@ -209,6 +214,9 @@ pub fn run(args: &RunArgs) -> Result<RunEnd, VmError> {
             count_cpl3,
         );
         pmu.set_state_fd(state_fd);
+        if sync_regs {
+            pmu.enable_sync_regs();
+        }
         if let Some(path) = &args.trace_msr {
             pmu.set_trace(open_trace(path, index, &model)?);
         }

@@ -83,6 +83,9 @@ const EV_INST_RETIRED: u8 = 0xC0;
 const EV_BRANCHES: u8 = 0xC4;
 const EV_BRANCH_MISSES: u8 = 0xC5;
 const UMASK_REF_CYCLES: u8 = 0x01;
+/// UOPS_RETIRED.ALL (Sandy Bridge to Broadwell).
+const EV_UOPS_RETIRED: u8 = 0xC2;
+const UMASK_UOPS_ALL: u8 = 0x01;
 /// TOPDOWN.SLOTS, counted by fixed counter 3.
 const EV_TOPDOWN_SLOTS: u8 = 0xA4;
 const UMASK_TOPDOWN_SLOTS: u8 = 0x01;
@@ -123,7 +126,11 @@ pub fn decode_evtsel(model: &CpuModel, evtsel: u64) -> Event {
         return Event::StoresRetired;
     }
     match (event, umask) {
-        (EV_INST_RETIRED, _) if evtsel & EVTSEL_INV != 0 && cmask >= CMASK_ALWAYS => {
+        // Linux's precise-cycles aliases: INST_RETIRED (Skylake) or UOPS_RETIRED.ALL (C2H/01H,
+        // Sandy Bridge to Broadwell) with INV and CMASK=16 are true on every cycle.
+        (EV_INST_RETIRED, _) | (EV_UOPS_RETIRED, UMASK_UOPS_ALL)
+            if evtsel & EVTSEL_INV != 0 && cmask >= CMASK_ALWAYS =>
+        {
             Event::CoreCycles
         }
         (EV_INST_RETIRED, _) => Event::InstructionsRetired,
@@ -197,6 +204,26 @@ mod tests {
 
     fn model(name: &str) -> CpuModel {
         CpuModel::preset(name).unwrap()
+    }
+
+    #[test]
+    fn precise_cycles_aliases_are_cycles() {
+        // Linux: intel_pebs_aliases_snb (haswell) and _skl (skylake).
+        assert_eq!(
+            decode_evtsel(&model("haswell"), 0x1080_01c2),
+            Event::CoreCycles
+        );
+        assert_eq!(
+            decode_evtsel(&model("skylake"), 0x1080_00c0),
+            Event::CoreCycles
+        );
+        assert_eq!(
+            decode_evtsel(&model("haswell"), 0x01c2),
+            Event::Other {
+                event: 0xc2,
+                umask: 0x01
+            }
+        );
     }
 
     #[test]

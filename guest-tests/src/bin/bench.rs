@@ -12,10 +12,10 @@
 //!   handler.
 //! - `precise`: precise-mode speed: a CPL0 `dec/jnz` loop counted by PMC0 (instructions, OS)
 //!   under the precise backend; prints the exact count and the TSC ticks it took.
-//! - `workload [hz=N]`: a CPL3 workload (xorshift and stores over 64 KiB), timed at CPL0
+//! - `workload [hz=N tsc=T]`: a CPL3 workload (xorshift and stores over 64 KiB), timed at CPL0
 //!   around it. With `hz=N` the guest samples it with PEBS on core cycles (EVTSEL 3CH, USR|OS)
-//!   every `2.1e9 / N` cycles (the skylake preset's TSC rate: run with `--cpu-model skylake`),
-//!   one record per PMI, as a sampling driver without large PEBS does.
+//!   every `T / N` cycles (T: the TSC rate in Hz, which the runner measures; core cycles run at
+//!   it in every backend), one record per PMI, as a sampling driver without large PEBS does.
 //!
 //! Exit-based figures are the median of [`BATCHES`] batches of [`UNROLL`] operations per boot;
 //! the runner repeats boots for the spread. The PMI handler is a minimal NMI stub installed in
@@ -50,8 +50,8 @@ const PEBS_REPS: usize = 9;
 const PRECISE_ITERS: u64 = 10_000;
 /// Iterations of the CPL3 workload (about half a second natively).
 const WORKLOAD_ITERS: u64 = 150_000_000;
-/// The skylake preset's TSC rate: core cycles run at it in every backend.
-const SKYLAKE_TSC_HZ: u64 = 2_100_000_000;
+/// TSC rate assumed without `tsc=` (the skylake preset's).
+const DEFAULT_TSC_HZ: u64 = 2_100_000_000;
 /// Port nothing answers: the vmm logs it once and ignores it.
 const NULL_PORT: u16 = 0x80;
 
@@ -406,20 +406,23 @@ extern "C" fn workload(iters: u64) -> u64 {
     x
 }
 
-fn parse_hz(cmd: &str) -> Option<u64> {
+/// The value of `key=` on the command line.
+fn arg(cmd: &str, key: &str) -> Option<u64> {
     cmd.split_whitespace()
-        .find_map(|w| w.strip_prefix("hz="))
-        .and_then(|v| v.parse().ok())
+        .filter_map(|w| w.split_once('='))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.parse().ok())
 }
 
 fn workload_figure(cmd: &str) -> bool {
-    let hz = parse_hz(cmd);
+    let hz = arg(cmd, "hz");
+    let tsc = arg(cmd, "tsc").unwrap_or(DEFAULT_TSC_HZ);
     if let Some(hz) = hz {
         if hz == 0 {
             println!("bench workload: hz=0");
             return false;
         }
-        arm_sampling(SKYLAKE_TSC_HZ / hz);
+        arm_sampling(tsc / hz);
     }
     let t0 = cpu::rdtsc();
     let r = user::run_user(workload, WORKLOAD_ITERS);

@@ -31,7 +31,7 @@ use libc::{c_int, c_void, pid_t, siginfo_t};
 use perf_event::events::{Hardware, Raw, Software};
 use perf_event::{Builder, Counter};
 use thiserror::Error;
-use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
+use vmm_sys_util::signal::register_signal_handler;
 use vpmu::backend::{BackendError, CountReport, CountingBackend};
 use vpmu::counter::{CounterId, CounterProgram};
 
@@ -123,10 +123,13 @@ pub enum PerfError {
     Handler(vmm_sys_util::errno::Error),
 }
 
-/// The signal that reports a host event's overflow to the vCPU thread. SIGRTMIN itself is
-/// left to the VMM's vCPU kick.
+/// The signal that reports a host event's overflow to the vCPU thread: SIGIO, a standard
+/// signal, so that pending instances coalesce. A real-time signal queues one instance per
+/// overflow; a vCPU that cannot take them fast enough exhausts RLIMIT_SIGPENDING for the whole
+/// user, after which the kernel falls back to plain SIGIO anyway (fs/fcntl.c
+/// `send_sigio_to_task`). The handler only interrupts KVM_RUN; counts come from the counters.
 pub fn overflow_signal() -> c_int {
-    SIGRTMIN() + 1
+    libc::SIGIO
 }
 
 thread_local! {
@@ -149,16 +152,10 @@ extern "C" fn on_overflow_signal(_: c_int, _: *mut siginfo_t, _: *mut c_void) {
 /// Installs the (process-wide) overflow signal handler once. Without it an overflow signal
 /// would kill the process (the default action of real-time signals), so the backend calls
 /// this before it arms any sampling event.
-///
-/// SIGIO gets the same handler: when the kernel cannot queue the real-time signal it falls back
-/// to plain SIGIO (fs/fcntl.c `send_sigio_to_task`), whose default action would kill the VMM.
 pub fn install_overflow_handler() -> Result<(), PerfError> {
     static INSTALLED: OnceLock<Result<(), vmm_sys_util::errno::Error>> = OnceLock::new();
-    (*INSTALLED.get_or_init(|| {
-        register_signal_handler(overflow_signal(), on_overflow_signal)?;
-        register_signal_handler(libc::SIGIO, on_overflow_signal)
-    }))
-    .map_err(PerfError::Handler)
+    (*INSTALLED.get_or_init(|| register_signal_handler(overflow_signal(), on_overflow_signal)))
+        .map_err(PerfError::Handler)
 }
 
 /// Whether the host has a hardware PMU usable for guest counting: it does iff it opens a
@@ -352,16 +349,23 @@ impl PerfBackend {
             let why = PerfError::WrongThread { owner, caller: tid }.to_string();
             return Err(BackendError::Program { id: first.id, why });
         }
-        // Every refusal before anything changes: a refused set leaves the old one counting.
+        // A counter the host cannot back stays at 0 (the caller reports the first refusal
+        // once); the others are programmed as asked, as a guest that enables an unsupported
+        // event next to a supported one expects (Linux's Nehalem errata workaround does).
         let mut wanted = BTreeMap::new();
+        let mut refused = None;
         for p in programs {
-            let attr =
-                host_attr(self.events, self.tsc_hz, p).map_err(|e| BackendError::Program {
-                    id: p.id,
-                    why: e.to_string(),
-                })?;
-            if let Some(attr) = attr {
-                wanted.insert(p.id, attr);
+            match host_attr(self.events, self.tsc_hz, p) {
+                Ok(Some(attr)) => {
+                    wanted.insert(p.id, attr);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    refused.get_or_insert(BackendError::Program {
+                        id: p.id,
+                        why: e.to_string(),
+                    });
+                }
             }
         }
         let mut old = std::mem::take(&mut self.counters);
@@ -395,7 +399,7 @@ impl PerfBackend {
             self.counters.insert(id, counter);
         }
         // Counters left in `old` stop counting here (their fds close).
-        Ok(())
+        refused.map_or(Ok(()), Err)
     }
 
     #[cfg(test)]
@@ -597,7 +601,7 @@ mod tests {
     }
 
     #[test]
-    fn clock_refuses_other_events_and_keeps_the_old_set() {
+    fn clock_refuses_other_events_and_backs_the_rest() {
         let mut b = PerfBackend::new(HostEvents::Clock, TSC);
         let fixed1 = CounterId::Fixed(1);
         b.program(&[cycles(fixed1, 1 << 40, false)]).unwrap();
@@ -620,6 +624,10 @@ mod tests {
         assert!(b.fd_of(fixed1).is_some() && b.fd_of(CounterId::Gp(0)).is_none());
         burn(Duration::from_millis(2));
         assert!(total(&b.collect().unwrap(), fixed1) > 0);
+        // A supported counter enabled after the refused one is backed too.
+        let gp1 = CounterId::Gp(1);
+        assert!(b.program(&[insn, cycles(gp1, 1 << 40, false)]).is_err());
+        assert!(b.fd_of(gp1).is_some() && b.fd_of(fixed1).is_none());
     }
 
     #[test]

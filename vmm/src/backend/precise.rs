@@ -278,6 +278,7 @@ impl Precise {
             _ => (0, 0),
         };
         self.stats.retired += 1;
+        self.stats.cycles += cycles(&p.insn, taken);
         Retired {
             pending: p,
             next_ip,
