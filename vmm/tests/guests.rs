@@ -8,11 +8,13 @@
 //! `N passed, 0 failed` where N > 0 equals the number of `PASS ` lines, and no line starts with
 //! `FAIL`.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
+use common::Run;
 
 /// Target triple of the guest programs.
 const GUEST_TARGET: &str = "x86_64-unknown-none";
@@ -163,57 +165,8 @@ fn guests() -> &'static Path {
     }
 }
 
-/// Output of one `vmm run`.
-struct Run {
-    status: Option<i32>,
-    stdout: String,
-    stderr: String,
-    timed_out: bool,
-}
-
 fn run_vmm(kernel: &Path, extra: &[&str]) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vmm"))
-        .arg("run")
-        .arg("--kernel")
-        .arg(kernel)
-        .args(["--timeout", &VMM_TIMEOUT_SECS.to_string()])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the vmm binary");
-    // Drain both pipes on threads so a chatty guest cannot block on a full pipe.
-    let drain = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            // A read error just truncates the captured output.
-            let _ = r.read_to_end(&mut buf);
-            String::from_utf8_lossy(&buf).into_owned()
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().expect("stdout is piped")));
-    let err = drain(Box::new(child.stderr.take().expect("stderr is piped")));
-    let start = Instant::now();
-    let mut timed_out = false;
-    let status = loop {
-        match child.try_wait().expect("wait for the vmm") {
-            Some(s) => break s,
-            None if start.elapsed() > KILL_AFTER => {
-                timed_out = true;
-                // The process may have exited in between; wait() below reaps it either way.
-                let _ = child.kill();
-                break child.wait().expect("reap the vmm");
-            }
-            None => std::thread::sleep(Duration::from_millis(50)),
-        }
-    };
-    Run {
-        status: status.code(),
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-        timed_out,
-    }
+    common::run_vmm(kernel, VMM_TIMEOUT_SECS, KILL_AFTER, extra)
 }
 
 /// Check a guest's serial output: `N passed, 0 failed` (N > 0, N = number of `PASS ` lines) and
@@ -268,8 +221,8 @@ fn boot_and_check(name: &str, kernel: &Path, extra: &[&str]) -> Run {
     };
     if let Err(e) = verdict {
         panic!(
-            "guest {name} failed: {e}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            run.stdout, run.stderr
+            "guest {name} failed after {:?}: {e}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            run.took, run.stdout, run.stderr
         );
     }
     run
@@ -527,6 +480,56 @@ fn guest_branches_icelake_server() {
 #[test]
 fn guest_branches_sapphire_rapids() {
     branches("sapphire-rapids");
+}
+
+/// Boot the `msr_fuzz` guest (seeded RDMSR/WRMSR against the guest's own MSR model, with
+/// counted regions and PEBS armed in between) on `preset`.
+fn msr_fuzz(preset: &str, backend: &str, guest_args: &str) -> Run {
+    let bin = guests().join("msr_fuzz");
+    let cmdline = format!("{preset} {guest_args}");
+    let args = [
+        "--cpu-model",
+        preset,
+        "--pmu-backend",
+        backend,
+        "--cmdline",
+        cmdline.trim(),
+    ];
+    boot_and_check(&format!("msr_fuzz({preset} {guest_args})"), &bin, &args)
+}
+
+/// The MSR fuzzer with its default seed and iteration count on every preset, precise backend
+/// (counted regions checked exactly).
+#[test]
+fn guest_msr_fuzz_every_preset() {
+    for preset in [
+        "netburst",
+        "core2",
+        "nehalem",
+        "haswell",
+        "skylake",
+        "icelake-server",
+        "sapphire-rapids",
+    ] {
+        let run = msr_fuzz(preset, "precise", "");
+        assert!(
+            run.stdout.contains(" 0 mismatches"),
+            "msr_fuzz({preset}) printed no summary:\n{}",
+            run.stdout
+        );
+    }
+}
+
+/// A long fuzz run (20000 iterations, another seed) with the backend off, so nothing counts
+/// and it stays fast: the VMM survives and every access still matches the model.
+#[test]
+fn guest_msr_fuzz_long_run_survives() {
+    let run = msr_fuzz("skylake", "off", "seed=c0ffee iters=20000 count=none");
+    assert!(
+        run.stdout.contains("iters=20000: ") && run.stdout.contains(" 0 mismatches"),
+        "long msr_fuzz run did not finish cleanly:\n{}",
+        run.stdout
+    );
 }
 
 #[test]

@@ -19,11 +19,12 @@
 //! * the self-test printed `N passed, 0 failed` with N equal to its `PASS` lines and no `FAIL`,
 //! * no kernel warning, oops or perf-driver complaint appeared.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
+use common::Run;
 
 use vpmu::model::{CpuModel, PebsFormat};
 
@@ -162,67 +163,18 @@ fn check_console(out: &str, fmt: u8, trap: bool, events: &str) -> Result<usize, 
     Ok(passed)
 }
 
-/// Output of one `vmm run`.
-struct Run {
-    status: Option<i32>,
-    stdout: String,
-    stderr: String,
-    timed_out: bool,
-    took: Duration,
-}
-
 fn run_vmm(kernel: &Path, model: &str, cmdline: &str) -> Run {
-    let start = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vmm"))
-        .arg("run")
-        .arg("--kernel")
-        .arg(kernel)
-        .args([
-            "--cpu-model",
-            model,
-            "--pmu-backend",
-            "perf",
-            "--mem",
-            "256M",
-        ])
-        .args(["--cmdline", cmdline])
-        .args(["--timeout", &VMM_TIMEOUT_SECS.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the vmm binary");
-    // Drain both pipes on threads so a chatty guest cannot block on a full pipe.
-    let drain = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            // A read error just truncates the captured output.
-            let _ = r.read_to_end(&mut buf);
-            String::from_utf8_lossy(&buf).into_owned()
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().expect("stdout is piped")));
-    let err = drain(Box::new(child.stderr.take().expect("stderr is piped")));
-    let mut timed_out = false;
-    let status = loop {
-        match child.try_wait().expect("wait for the vmm") {
-            Some(s) => break s,
-            None if start.elapsed() > KILL_AFTER => {
-                timed_out = true;
-                // The process may have exited in between; wait() below reaps it either way.
-                let _ = child.kill();
-                break child.wait().expect("reap the vmm");
-            }
-            None => std::thread::sleep(Duration::from_millis(100)),
-        }
-    };
-    Run {
-        status: status.code(),
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-        timed_out,
-        took: start.elapsed(),
-    }
+    let args = [
+        "--cpu-model",
+        model,
+        "--pmu-backend",
+        "perf",
+        "--mem",
+        "256M",
+        "--cmdline",
+        cmdline,
+    ];
+    common::run_vmm(kernel, VMM_TIMEOUT_SECS, KILL_AFTER, &args)
 }
 
 /// Boot the kernel on `model` and require Linux's PEBS driver and self-test to pass.

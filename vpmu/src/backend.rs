@@ -108,20 +108,7 @@ mod tests {
     use super::*;
 
     fn prog(id: CounterId, event: Event, usr: bool, os: bool) -> CounterProgram {
-        CounterProgram {
-            id,
-            event,
-            raw: 0,
-            usr,
-            os,
-            edge: false,
-            inv: false,
-            cmask: 0,
-            any: false,
-            pebs: false,
-            pmi: false,
-            distance: 100,
-        }
+        CounterProgram::plain(id, event, usr, os, 100)
     }
 
     #[test]

@@ -186,6 +186,25 @@ pub struct CounterProgram {
 }
 
 impl CounterProgram {
+    /// A program counting `event` with the given privilege filters and distance to overflow,
+    /// and nothing else set (no EDGE/INV/CMASK/ANY, no PEBS, no PMI): for backends' tests.
+    pub fn plain(id: CounterId, event: Event, usr: bool, os: bool, distance: u64) -> Self {
+        CounterProgram {
+            id,
+            event,
+            raw: 0,
+            usr,
+            os,
+            edge: false,
+            inv: false,
+            cmask: 0,
+            any: false,
+            pebs: false,
+            pmi: false,
+            distance,
+        }
+    }
+
     /// The counter counts at privilege level `cpl`.
     pub fn counts_at(&self, cpl: u8) -> bool {
         if cpl == 0 { self.os } else { self.usr }

@@ -330,20 +330,7 @@ mod tests {
     use vpmu::counter::CounterProgram;
 
     fn prog(id: CounterId, event: Event, usr: bool, os: bool) -> CounterProgram {
-        CounterProgram {
-            id,
-            event,
-            raw: 0,
-            usr,
-            os,
-            edge: false,
-            inv: false,
-            cmask: 0,
-            any: false,
-            pebs: false,
-            pmi: false,
-            distance: 1 << 40,
-        }
+        CounterProgram::plain(id, event, usr, os, 1 << 40)
     }
 
     fn pending(bytes: &[u8], cpl: u8) -> Pending {
