@@ -7,7 +7,7 @@ GUEST_DIR    := guest-tests
 GUEST_OUT    := $(GUEST_DIR)/target/$(GUEST_TARGET)/release
 VMM          := target/release/vmm
 # Flags for `make run`; VMM_ARGS come last, so they override these.
-DEMO_ARGS    ?= --cpu-model icelake-server --pmu-backend precise --timeout 120
+DEMO_ARGS    ?= --cpu-model icelake-server --pmu-backend precise --dump-pebs --timeout 120
 VMM_ARGS     ?=
 
 .PHONY: help deps guests build run test fmt-check clippy unit bench fuzz
