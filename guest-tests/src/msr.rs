@@ -65,6 +65,26 @@ pub unsafe fn wrmsr_safe(msr: u32, val: u64) -> Result<(), u8> {
     fault::status_to_result(status)
 }
 
+/// RDPMC; a fault is returned as `Err(vector)` (13 for #GP: a bad index, or CPL > 0 with
+/// CR4.PCE clear).
+pub fn rdpmc_safe(ecx: u32) -> Result<u64, u8> {
+    let (lo, hi): (u32, u32);
+    let status: u64;
+    // SAFETY: RDPMC reads a counter; a fault is fixed up through the extable entry as in
+    // `rdmsr_safe`.
+    unsafe {
+        asm!(
+            "2: rdpmc",
+            "3:",
+            crate::extable!("2b", "3b"),
+            in("ecx") ecx, out("eax") lo, out("edx") hi, inout("r11") 0u64 => status,
+            options(nostack, preserves_flags),
+        )
+    }
+    fault::status_to_result(status)?;
+    Ok(u64::from(hi) << 32 | u64::from(lo))
+}
+
 fn split(val: u64) -> (u32, u32) {
     #[allow(
         clippy::cast_possible_truncation,

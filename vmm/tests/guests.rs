@@ -15,6 +15,7 @@ use std::time::Duration;
 
 mod common;
 use common::Run;
+use vpmu::model::PRESET_NAMES;
 
 /// Target triple of the guest programs.
 const GUEST_TARGET: &str = "x86_64-unknown-none";
@@ -287,15 +288,7 @@ fn pebs_guest(preset: &str) {
 #[test]
 fn guest_demo_pebs_every_preset() {
     let bin = guests().join("demo");
-    for preset in [
-        "netburst",
-        "core2",
-        "nehalem",
-        "haswell",
-        "skylake",
-        "icelake-server",
-        "sapphire-rapids",
-    ] {
+    for &preset in PRESET_NAMES {
         let args = [
             "--pmu-backend",
             "precise",
@@ -502,15 +495,7 @@ fn msr_fuzz(preset: &str, backend: &str, guest_args: &str) -> Run {
 /// (counted regions checked exactly).
 #[test]
 fn guest_msr_fuzz_every_preset() {
-    for preset in [
-        "netburst",
-        "core2",
-        "nehalem",
-        "haswell",
-        "skylake",
-        "icelake-server",
-        "sapphire-rapids",
-    ] {
+    for &preset in PRESET_NAMES {
         let run = msr_fuzz(preset, "precise", "");
         assert!(
             run.stdout.contains(" 0 mismatches"),

@@ -18,7 +18,7 @@ use guest_tests::msr_index::{
     IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, IA32_PERFEVTSEL0, IA32_PMC0,
 };
 use guest_tests::test::TestResult;
-use guest_tests::{cpu, ensure, ensure_eq, entry, fault, lapic, msr, pmi, println};
+use guest_tests::{cpu, ensure, ensure_eq, entry, lapic, msr, pmi, println};
 
 /// EVTSEL: event C0H (instructions retired), OS, EN.
 const INST_OS: u64 = 0xc0 | 1 << 17 | 1 << 22;
@@ -274,30 +274,13 @@ fn overflow_on_nth_instruction() -> TestResult {
     Ok(())
 }
 
-fn rdpmc(ecx: u32) -> Result<u64, u8> {
-    let (lo, hi): (u32, u32);
-    let status: u64;
-    // SAFETY: RDPMC reads a counter; a #GP is fixed up through the exception table.
-    unsafe {
-        asm!(
-            "2: rdpmc",
-            "3:",
-            guest_tests::extable!("2b", "3b"),
-            in("ecx") ecx, out("eax") lo, out("edx") hi, inout("r11") 0u64 => status,
-            options(nostack, preserves_flags),
-        )
-    }
-    fault::status_to_result(status)?;
-    Ok(u64::from(hi) << 32 | u64::from(lo))
-}
-
 fn rdpmc_matches_rdmsr() -> TestResult {
     clear(IA32_PERFEVTSEL0, IA32_PMC0);
     // Static value: RDPMC through the #GP intercept. IA32_A_PMC0 writes the full width
     // (IA32_PMC0 would sign-extend bit 31).
     // SAFETY: PMU MSRs only.
     unsafe { msr::wrmsr(IA32_A_PMC0, 0x12_3456_789a) };
-    ensure_eq!(rdpmc(0), Ok(0x12_3456_789a));
+    ensure_eq!(msr::rdpmc_safe(0), Ok(0x12_3456_789a));
     // Counting: RDPMC via the decoder while stepping. RDPMC reads before it retires, RDMSR
     // too, and three instructions (rdpmc, mov r8, mov ecx) retire in between.
     let (pmc, msrv): (u64, u64);
@@ -335,16 +318,16 @@ fn cfg_precise() -> bool {
 fn rdpmc_fixed_counter() -> TestResult {
     // SAFETY: PMU MSRs only.
     unsafe { msr::wrmsr(IA32_FIXED_CTR0, 0xabc_def0_1234) };
-    ensure_eq!(rdpmc(1 << 30), Ok(0xabc_def0_1234));
-    ensure_eq!(rdpmc(1 << 30 | 5), Err(13));
+    ensure_eq!(msr::rdpmc_safe(1 << 30), Ok(0xabc_def0_1234));
+    ensure_eq!(msr::rdpmc_safe(1 << 30 | 5), Err(13));
     // SAFETY: PMU MSRs only.
     unsafe { msr::wrmsr(IA32_FIXED_CTR0, 0) };
     Ok(())
 }
 
 fn rdpmc_invalid_index_gp() -> TestResult {
-    ensure_eq!(rdpmc(8), Err(13));
-    ensure_eq!(rdpmc(0x1234), Err(13));
+    ensure_eq!(msr::rdpmc_safe(8), Err(13));
+    ensure_eq!(msr::rdpmc_safe(0x1234), Err(13));
     Ok(())
 }
 
@@ -375,7 +358,7 @@ fn rdpmc_after_lidt() -> TestResult {
         // A PMU MSR access lets the VMM see the new IDT.
         msr::wrmsr(IA32_PMC0, 0x4242);
     }
-    let r = rdpmc(0);
+    let r = msr::rdpmc_safe(0);
     // SAFETY: restores the original IDT.
     unsafe { asm!("lidt [{}]", in(reg) &raw const old, options(nostack)) };
     ensure_eq!(r, Ok(0x4242));
